@@ -1,0 +1,41 @@
+# Laptop / CI entry points. The cluster install is in README.md ("Cluster").
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+PYTEST_ARGS ?=
+
+.PHONY: venv test lint demo cluster-start cluster-stop clean-venv
+
+venv: $(VENV)/.installed
+
+# torch first (the CPU wheel; a plain `torch` requirement would pull a multi-GB CUDA build), then the rest,
+# then OpenRLHF without its CUDA-only dependencies so tests can load its real loss and CLI code.
+$(VENV)/.installed: requirements-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -r requirements-cpu.txt
+	$(PIP) install --quiet --no-deps openrlhf==0.11.2
+	touch $@
+
+# `make test` = venv + the single-node SLURM the tests use (when root and apt-get are here) + pytest.
+test: venv
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -f slurm/local_cluster.sh ]; then \
+		bash slurm/local_cluster.sh start; \
+	else echo "make test: not starting SLURM (needs root and apt-get); SLURM tests will be skipped"; fi
+	$(PY) -m ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+cluster-start:
+	bash slurm/local_cluster.sh start
+
+cluster-stop:
+	bash slurm/local_cluster.sh stop
+
+clean-venv:
+	rm -rf $(VENV)

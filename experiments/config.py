@@ -1,0 +1,398 @@
+"""RunConfig: one frozen, typed, documented config for a run, on either backend.
+
+YAML in and out; ``key=value`` overrides (``seed=3``, ``loss.rule=nsr``, ``train.lr=1e-4``) are checked against
+the field types; every check runs at construction, before any work starts, and names the key, the file and the
+allowed values. A run's id is a readable name plus 8 hex of the sha256 of the canonical JSON of its fields
+(``logging`` excluded: it does not change a number), so a new commit does not rename runs.
+
+    from experiments.config import load_config
+    cfg = load_config("sweeps/presets/tiny.yaml", ["loss.rule=nsr", "seed=1"])
+    cfg.run_hash()  # '3f2a9c1e'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from nsr import AdvantageConfig, LossConfig
+from nsr.config import AGG_MODES
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+class ConfigError(ValueError):
+    """A bad config value or key; the message names the source, the key and the allowed values."""
+
+
+def _check(cls: str, key: str, ok: bool, allowed: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"{cls}.{key}={value!r} is not valid; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy. tiny backend: a transformers GPT-2 of this size, trained from scratch; openrlhf: a HF model."""
+
+    name: str = "tiny-gpt2"
+    """'tiny-gpt2' (tiny backend) or a HF model id / local path (openrlhf backend)."""
+    d_model: int = 64
+    """tiny: hidden size."""
+    n_layer: int = 2
+    """tiny: transformer blocks."""
+    n_head: int = 4
+    """tiny: attention heads."""
+
+    def __post_init__(self):
+        for k in ("d_model", "n_layer", "n_head"):
+            _check("model", k, getattr(self, k) >= 1, f"{k} >= 1", getattr(self, k))
+        _check("model", "d_model", self.d_model % self.n_head == 0, "a multiple of n_head", self.d_model)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """tiny backend: the supervised warm start (cached by its config hash, shared across RL runs)."""
+
+    steps: int = 300
+    batch_size: int = 128
+    lr: float = 2e-3
+    warmup: int = 100
+    weight_decay: float = 0.1
+    seed: int = 0
+    """The warm start's own seed: every RL seed starts from the same checkpoint."""
+
+    def __post_init__(self):
+        _check("sft", "steps", self.steps >= 0, "steps >= 0", self.steps)
+        _check("sft", "batch_size", self.batch_size >= 1, "batch_size >= 1", self.batch_size)
+        _check("sft", "lr", self.lr > 0, "lr > 0", self.lr)
+        _check("sft", "warmup", self.warmup >= 0, "warmup >= 0", self.warmup)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What is solved and how it is verified."""
+
+    name: str = "countdown3"
+    """tiny: countdown3 (Countdown with 3 digits) or add3; openrlhf: math (boxed answers, math-verify)."""
+    train_data: str = ""
+    """openrlhf: prompt JSONL made by ``python -m experiments.openrlhf.data`` (empty for tiny)."""
+    eval_benchmarks: tuple[str, ...] = ()
+    """openrlhf: benchmark names for the offline evaluator (aime24, aime25, amc); tiny evaluates its own task."""
+    max_prompt_len: int = 1024
+    """openrlhf: prompt token budget."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling of each RL step's batch."""
+
+    prompts_per_step: int = 32
+    samples_per_prompt: int = 8
+    """G responses per prompt; group-relative advantages need G >= 2."""
+    temperature: float = 1.0
+    max_new_tokens: int = 8
+    """Response budget (tiny: the completion length)."""
+
+    def __post_init__(self):
+        _check("rollout", "prompts_per_step", self.prompts_per_step >= 1, ">= 1", self.prompts_per_step)
+        _check("rollout", "samples_per_prompt", self.samples_per_prompt >= 2, ">= 2", self.samples_per_prompt)
+        _check("rollout", "temperature", self.temperature > 0, "> 0", self.temperature)
+        _check("rollout", "max_new_tokens", self.max_new_tokens >= 1, ">= 1", self.max_new_tokens)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Policy updates. Each RL step = one rollout, then ``epochs`` x ``minibatches`` optimizer steps on it."""
+
+    steps: int = 300
+    """RL steps (rollouts)."""
+    lr: float = 3e-4
+    epochs: int = 2
+    """Passes over each rollout batch."""
+    minibatches: int = 4
+    """Optimizer steps per pass (the rollout batch is split into this many shuffled minibatches)."""
+    grad_clip: float = 1.0
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.0
+    agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    """KL-to-reference loss coefficient (0 = no reference model, as DAPO)."""
+    allow_on_policy: bool = False
+    """epochs x minibatches == 1 makes every ratio 1, so every clip rule equals the baseline; refused unless True."""
+
+    def __post_init__(self):
+        _check("train", "steps", self.steps >= 1, ">= 1", self.steps)
+        _check("train", "lr", self.lr > 0, "> 0", self.lr)
+        _check("train", "epochs", self.epochs >= 1, ">= 1", self.epochs)
+        _check("train", "minibatches", self.minibatches >= 1, ">= 1", self.minibatches)
+        _check("train", "grad_clip", self.grad_clip > 0, "> 0", self.grad_clip)
+        betas_ok = len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas)
+        _check("train", "adam_betas", betas_ok, "two numbers in [0, 1)", self.adam_betas)
+        _check("train", "agg_mode", self.agg_mode in AGG_MODES, ", ".join(AGG_MODES), self.agg_mode)
+        _check("train", "kl_coef", self.kl_coef >= 0, ">= 0", self.kl_coef)
+        if self.epochs * self.minibatches == 1 and not self.allow_on_policy:
+            raise ConfigError(
+                "train.epochs * train.minibatches = 1: one optimizer step per rollout keeps every ratio at 1, so "
+                "no token is ever clipped and every clip rule equals the baseline; allowed: epochs * minibatches "
+                ">= 2, or train.allow_on_policy=true"
+            )
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation on a fixed, seeded prompt set; per-sample labels go to eval.jsonl."""
+
+    every: int = 100
+    """RL steps between evals; also at step 0 and at the last step. 0 = only at step 0 and the last step."""
+    n_prompts: int = 512
+    n_samples: int = 8
+    """Sampled responses per prompt (pass@k for k <= n_samples, unbiased estimator)."""
+    temperature: float = 1.0
+    greedy: bool = True
+    """Also decode each prompt greedily."""
+    seed: int = 1234
+    """Seed of the eval prompt set and its sampling (the same for every run, so arms are paired)."""
+
+    def __post_init__(self):
+        _check("eval", "every", self.every >= 0, ">= 0", self.every)
+        _check("eval", "n_prompts", self.n_prompts >= 0, ">= 0", self.n_prompts)
+        _check("eval", "n_samples", self.n_samples >= 0, ">= 0", self.n_samples)
+        _check("eval", "temperature", self.temperature > 0, "> 0", self.temperature)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """How a run is recorded. Excluded from the run id: none of it changes a logged number."""
+
+    checkpoint_every: int = 50
+    """RL steps between resumable checkpoints (0 = only at the end)."""
+    progress: bool = True
+    """Show a progress bar."""
+    keep_checkpoint: bool = False
+    """Keep the final checkpoint in the run folder (tiny: a few hundred kB)."""
+
+
+@dataclass(frozen=True)
+class OpenRLHFConfig:
+    """openrlhf backend only: resources and engine settings passed to OpenRLHF 0.11.2."""
+
+    nodes: int = 1
+    gpus_per_node: int = 8
+    vllm_engines: int = 8
+    vllm_tensor_parallel: int = 1
+    vllm_gpu_memory_utilization: float = 0.6
+    zero_stage: int = 2
+    micro_train_batch_size: int = 4
+    micro_rollout_batch_size: int = 8
+    train_batch_size: int = 512
+    """Samples per optimizer step (OpenRLHF --train.batch_size); with rollout.prompts_per_step x
+    samples_per_prompt samples per rollout this fixes the optimizer steps per rollout."""
+    gradient_checkpointing: bool = True
+    bf16: bool = True
+    colocate_all: bool = True
+    save_steps: int = 50
+    """Checkpoint interval in RL steps (the offline evaluator reads these checkpoints)."""
+    extra_args: tuple[str, ...] = ()
+    """Further OpenRLHF flags, passed through verbatim (checked by OpenRLHF's own parser)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines one run's numbers."""
+
+    backend: Literal["tiny", "openrlhf"] = "tiny"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    openrlhf: OpenRLHFConfig = field(default_factory=OpenRLHFConfig)
+
+    def __post_init__(self):
+        _check("RunConfig", "backend", self.backend in ("tiny", "openrlhf"), "tiny, openrlhf", self.backend)
+        if self.backend == "tiny":
+            samples = self.rollout.prompts_per_step * self.rollout.samples_per_prompt
+            allowed = f"a divisor of prompts_per_step x samples_per_prompt = {samples}"
+            _check("train", "minibatches", samples % self.train.minibatches == 0, allowed, self.train.minibatches)
+
+    # ---------------------------------------------------------------- views
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    def hash_dict(self) -> dict[str, Any]:
+        """The fields that enter the run id (all but ``logging``)."""
+        d = self.to_dict()
+        d.pop("logging")
+        return d
+
+    def run_hash(self) -> str:
+        """8 hex of sha256 over the canonical sorted JSON of :meth:`hash_dict`."""
+        blob = json.dumps(self.hash_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# -------------------------------------------------------------------- generic (de)serialisation
+def _to_plain(obj):
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def _coerce(value, tp, key: str):
+    """``value`` (from YAML or a CLI string) as type ``tp``, or ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}={value!r} is not valid")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}={value!r} is not valid; allowed: {', '.join(map(str, args))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed: a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed: a list of {len(args)} values")
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r} is not valid; allowed: true, false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r} is not valid; allowed: an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):  # PyYAML reads 1e-4 as a string
+            return float(value)
+        raise ConfigError(f"{key}={value!r} is not valid; allowed: a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}={value!r} is not valid; allowed: a string")
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    raise TypeError(f"unsupported field type {tp} for {key}")  # a bug in this file, not a user error
+
+
+def _build(cls, data, prefix: str = ""):
+    """Construct dataclass ``cls`` from a mapping, rejecting unknown keys and wrong types."""
+    where = prefix or cls.__name__
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        where_keys = f" in {prefix}" if prefix else ""
+        raise ConfigError(f"unknown key {_join(prefix, unknown[0])!r}; allowed keys{where_keys}: {', '.join(names)}")
+    kwargs = {k: _coerce(v, hints[k], _join(prefix, k)) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as e:  # nsr's own validation ("LossConfig.delta=..."): name the key as the file does
+        msg = str(e).replace(f"{cls.__name__}.", f"{prefix}." if prefix else "")
+        raise ConfigError(msg) from None
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def from_dict(data: dict, source: str = "") -> RunConfig:
+    """Build a RunConfig from a nested mapping; ``source`` (a file name) prefixes every error."""
+    try:
+        return _build(RunConfig, data)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}" if source else str(e)) from None
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r} has an empty key")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    return key.split("."), value
+
+
+def merge(data: dict, path: list[str], value) -> None:
+    """Set ``data[path[0]][path[1]]... = value`` in a nested dict (created as needed)."""
+    node = data
+    for p in path[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{'.'.join(path)}: {p!r} is a value, not a section")
+        node = nxt
+    node[path[-1]] = value
+
+
+def apply_overrides(data: dict, overrides: list[str] | dict) -> dict:
+    """A copy of the nested dict ``data`` with ``key=value`` strings (or a {dotted: value} dict) applied."""
+    out = json.loads(json.dumps(data))
+    items = overrides.items() if isinstance(overrides, dict) else (_parse_override(o) for o in overrides)
+    for key, value in items:
+        merge(out, key.split(".") if isinstance(key, str) else key, value)
+    return out
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | dict = ()) -> RunConfig:
+    """RunConfig from a YAML file plus ``key=value`` overrides."""
+    return from_dict(apply_overrides(read_yaml(path), overrides), source=str(path))

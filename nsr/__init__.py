@@ -1,0 +1,23 @@
+"""NSR: Near-boundary Stochastic Rescue and the clip rules it is compared with, in pure torch.
+
+Public API (design.md): ``LossConfig``, ``policy_loss``, ``aggregate``, ``expected_weight``, ``RULES``,
+``AdvantageConfig``, ``compute_advantages``. Nothing here imports a trainer framework; the OpenRLHF adapter
+lives in ``nsr.openrlhf`` and is imported only on demand.
+"""
+
+from nsr.advantages import ADVANTAGES, compute_advantages
+from nsr.config import AdvantageConfig, LossConfig
+from nsr.objectives import METRIC_KEYS, RULES, aggregate, policy_loss
+from nsr.theory import expected_weight
+
+__all__ = [
+    "ADVANTAGES",
+    "METRIC_KEYS",
+    "RULES",
+    "AdvantageConfig",
+    "LossConfig",
+    "aggregate",
+    "compute_advantages",
+    "expected_weight",
+    "policy_loss",
+]

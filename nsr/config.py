@@ -1,0 +1,129 @@
+"""The two configs of the method: :class:`LossConfig` (clip rule) and :class:`AdvantageConfig`.
+
+Both are frozen dataclasses validated at construction, so a bad sweep value fails before any work starts,
+with a ``ValueError`` that names the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+# Level-dependent defaults (method.md, "Setting" and the GSPO [choice] on delta):
+# token level = DAPO (eps 0.2 / 0.28, delta 0.2); sequence level = GSPO (eps 3e-4 / 4e-4, delta 4e-4).
+LEVEL_DEFAULTS = {
+    "token": {"eps_low": 0.2, "eps_high": 0.28, "delta": 0.2},
+    "sequence": {"eps_low": 3e-4, "eps_high": 4e-4, "delta": 4e-4},
+}
+LEVELS = tuple(LEVEL_DEFAULTS)
+EXECUTORS = ("noisy", "clean")
+DECISION_RULES = ("noisy_decision", "clean_decision")
+AGG_MODES = ("token-mean", "seq-mean-token-mean")
+
+
+def _number(cls: str, field: str, value, allowed: str, ok) -> None:
+    """Raise a ValueError naming ``cls.field`` and ``allowed`` unless ``value`` is a real number passing ``ok``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{cls}.{field}={value!r} is not valid; allowed: {allowed}")
+
+
+def _choice(cls: str, field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{cls}.{field}={value!r} is not valid; allowed: {', '.join(map(str, allowed))}")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Which policy-gradient objective to use, and its parameters (method.md)."""
+
+    rule: str = "hard"
+    """Clip rule, one of ``nsr.RULES``: hard, nsr, soft, pushout, nsr_pushout, noisy_decision, clean_decision,
+    cispo, sapo."""
+    level: Literal["token", "sequence"] = "token"
+    """token: per-token ratio (PPO/GRPO/DAPO). sequence: GSPO ratio exp(mean_t log r_t) with sequence bounds."""
+    eps_low: float | None = None
+    """Lower trust-region width: region is [1 - eps_low, 1 + eps_high]. None -> 0.2 (token) or 3e-4 (sequence)."""
+    eps_high: float | None = None
+    """Upper trust-region width. None -> 0.28 (token) or 4e-4 (sequence)."""
+    delta: float | None = None
+    """Half-width of z ~ U(1 - delta, 1 + delta) used by nsr, soft, pushout, nsr_pushout.
+    None -> 0.2 (token) or 4e-4 (sequence, where delta lives on the eps scale)."""
+    executor: Literal["noisy", "clean"] = "noisy"
+    """Ratio that multiplies A for a rescued token: noisy = r*z (paper default, ~1/r^2 decay) or clean = r."""
+    ratio_noise: float = 0.0
+    """sigma of xi ~ U(1 - sigma, 1 + sigma) for noisy_decision / clean_decision; must be 0 for other rules."""
+    dual_clip: float | None = None
+    """Dual-clip constant (> 1): tokens with A < 0 and r > dual_clip get zero gradient. None = off."""
+    sapo_tau_pos: float = 1.0
+    """SAPO gate temperature for A > 0."""
+    sapo_tau_neg: float = 1.05
+    """SAPO gate temperature for A < 0."""
+
+    def __post_init__(self):
+        from nsr.objectives import RULES  # the registry lives with the rules; imported late to avoid a cycle
+
+        name = type(self).__name__
+        if not isinstance(self.rule, str) or not self.rule:
+            raise ValueError(f"{name}.rule={self.rule!r} is not valid; allowed: {', '.join(RULES)}")
+        RULES[self.rule]  # raises ValueError listing the valid rules
+        _choice(name, "level", self.level, LEVELS)
+        for key, default in LEVEL_DEFAULTS[self.level].items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)
+        _number(name, "eps_low", self.eps_low, "0 < eps_low < 1", lambda v: 0 < v < 1)
+        _number(name, "eps_high", self.eps_high, "eps_high > 0", lambda v: v > 0)
+        _number(name, "delta", self.delta, "0 <= delta < 1", lambda v: 0 <= v < 1)
+        _choice(name, "executor", self.executor, EXECUTORS)
+        _number(name, "ratio_noise", self.ratio_noise, "0 <= ratio_noise < 1", lambda v: 0 <= v < 1)
+        if self.ratio_noise and self.rule not in DECISION_RULES:
+            raise ValueError(
+                f"{name}.ratio_noise={self.ratio_noise!r} is only used by rules {', '.join(DECISION_RULES)}; "
+                f"allowed for rule={self.rule!r}: 0"
+            )
+        if self.dual_clip is not None:
+            _number(name, "dual_clip", self.dual_clip, "None or a number > 1", lambda v: v > 1)
+        _number(name, "sapo_tau_pos", self.sapo_tau_pos, "sapo_tau_pos > 0", lambda v: v > 0)
+        _number(name, "sapo_tau_neg", self.sapo_tau_neg, "sapo_tau_neg > 0", lambda v: v > 0)
+
+    @property
+    def low(self) -> float:
+        """Lower bound of the trust region, 1 - eps_low."""
+        return 1.0 - self.eps_low
+
+    @property
+    def high(self) -> float:
+        """Upper bound of the trust region, 1 + eps_high."""
+        return 1.0 + self.eps_high
+
+    def replace(self, **changes) -> LossConfig:
+        return dataclasses.replace(self, **changes)
+
+
+NOISE_MODES = ("mult", "add")
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How rewards become advantages (method.md, intervention 1 and the related controls)."""
+
+    kind: Literal["group_norm", "no_std", "positive_only", "random_reward"] = "group_norm"
+    """group_norm: (R - mean_g) / (std_g + 1e-9) (GRPO/DAPO). no_std: R - mean_g (Dr. GRPO).
+    positive_only: group_norm, then A < 0 -> 0 (WAPO). random_reward: rewards replaced by seeded
+    Bernoulli(0.5) coin flips, then group_norm (control)."""
+    noise: float = 0.0
+    """sigma of the per-response Gaussian noise applied after normalization (0 = off)."""
+    noise_mode: Literal["mult", "add"] = "mult"
+    """mult: A * (1 + sigma * eps); add: A + sigma * eps; eps ~ N(0, 1), one per response."""
+
+    def __post_init__(self):
+        from nsr.advantages import ADVANTAGES  # registry of kinds, imported late to avoid a cycle
+
+        name = type(self).__name__
+        _choice(name, "kind", self.kind, tuple(ADVANTAGES))
+        _number(name, "noise", self.noise, "noise >= 0", lambda v: v >= 0)
+        _choice(name, "noise_mode", self.noise_mode, NOISE_MODES)
+
+    def replace(self, **changes) -> AdvantageConfig:
+        return dataclasses.replace(self, **changes)

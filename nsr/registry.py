@@ -1,0 +1,44 @@
+"""A name -> function registry (verl's ``register_policy_loss`` habit): variants are data, not if/elif chains."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Generic, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class Registry(Mapping[str, F], Generic[F]):
+    """Read-only mapping of registered names; ``register(name)`` is the only way in.
+
+    ``registry[name]`` on an unknown name raises ``ValueError`` naming the field and every valid name,
+    which is the error a user sees for a typo in a sweep file.
+    """
+
+    def __init__(self, field: str):
+        self.field = field
+        self._items: dict[str, F] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        def deco(fn: F) -> F:
+            if name in self._items:
+                raise ValueError(f"{self.field} {name!r} is registered twice")
+            self._items[name] = fn
+            return fn
+
+        return deco
+
+    def __getitem__(self, name: str) -> F:
+        try:
+            return self._items[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"{self.field}={name!r} is not valid; allowed: {', '.join(self._items)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.field}: {', '.join(self._items)})"
