@@ -393,6 +393,18 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
+META_KEYS = ("meta", "preset")
+"""Top-level sections of a config file that are not RunConfig fields: ``meta`` (written into a run's
+config.yaml: git commit, versions, run id) and ``preset`` (a preset's own settings, e.g. ``max_seeds``)."""
+
+
+def split_meta(data: dict) -> tuple[dict, dict]:
+    """(RunConfig fields, {meta key: section}) of a config file's mapping."""
+    body = {k: v for k, v in data.items() if k not in META_KEYS}
+    return body, {k: data[k] for k in META_KEYS if k in data}
+
+
 def load_config(path: str | Path, overrides: list[str] | dict = ()) -> RunConfig:
-    """RunConfig from a YAML file plus ``key=value`` overrides."""
-    return from_dict(apply_overrides(read_yaml(path), overrides), source=str(path))
+    """RunConfig from a YAML file (a preset, or a run's config.yaml) plus ``key=value`` overrides."""
+    body, _ = split_meta(read_yaml(path))
+    return from_dict(apply_overrides(body, overrides), source=str(path))

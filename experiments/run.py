@@ -1,0 +1,145 @@
+"""Run one experiment and write its run folder (design.md).
+
+CPU (the tiny testbed, minutes on a laptop):
+    python -m experiments.run sweeps/presets/tiny-smoke.yaml
+    python -m experiments.run sweeps/presets/tiny.yaml loss.rule=nsr loss.delta=0.2 seed=1 --out /tmp/nsr-run
+One grid point of a sweep, exactly as the grid runs it (see sweeps/):
+    python -m experiments.run --sweep sweeps/delta.yaml --run <run_id> [--preset tiny]
+Cluster (inside a SLURM allocation; normally sent by ``python -m slurm.submit``):
+    python -m experiments.run sweeps/presets/qwen2.5-math-7b-dapo.yaml loss.rule=nsr
+
+The folder (``--out``, default ``results/runs/<sweep>/<run_id>``) gets config.yaml, metrics.jsonl, eval.jsonl and
+an atomically written status.json. A folder whose run is done is never overwritten without ``--force``; any other
+folder of the same config resumes from its last checkpoint. Bad config: a clear error, and no folder is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from experiments.config import ConfigError, RunConfig, load_config
+from experiments.rundir import REPO_ROOT, RunDir, RunExistsError, RunLockedError
+from nsr.registry import Registry
+
+RUNS_ROOT = REPO_ROOT / "results" / "runs"
+BACKENDS: Registry = Registry("backend")
+
+
+@BACKENDS.register("tiny")
+def _tiny(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
+    from experiments.tiny.train import train
+
+    train(cfg, rd, progress=progress)
+
+
+@BACKENDS.register("openrlhf")
+def _openrlhf(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
+    from experiments.openrlhf.backend import run_openrlhf
+
+    run_openrlhf(cfg, rd, progress=progress)
+
+
+class Cancelled(BaseException):
+    """Raised in the main thread on SIGTERM (scancel), so the run unwinds and records ``cancelled``."""
+
+
+def _on_sigterm(signum, frame):
+    raise Cancelled(f"received signal {signum}")
+
+
+def run(cfg: RunConfig, out: str | Path, *, run_id: str | None = None, force: bool = False, progress: bool = True):
+    """Run ``cfg`` into folder ``out`` (resuming it if it holds an unfinished run of the same config).
+
+    Returns the final status dict. Raises RunExistsError if ``out`` holds a finished run, or a run of another
+    config, and ``force`` is False; RunLockedError if another process is running it.
+    """
+    rd = RunDir(out)
+    state, old_hash = rd.state(), rd.config_hash()
+    if not force:
+        if state == "done":
+            raise RunExistsError(f"{rd.path}: this run is done; pass --force to run it again from scratch")
+        if old_hash is not None and old_hash != cfg.run_hash():
+            raise RunExistsError(
+                f"{rd.path}: holds a run of another config (hash {old_hash}, this one {cfg.run_hash()}); "
+                "use another --out or pass --force"
+            )
+    with rd.lock():
+        if force:
+            rd.clear()
+        rd.write_config(cfg, run_id=run_id)
+        rd.set_status("running", run_hash=cfg.run_hash())
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            BACKENDS[cfg.backend](cfg, rd, progress)
+        except (Cancelled, KeyboardInterrupt) as e:
+            rd.set_status("cancelled", error=f"{type(e).__name__}: {e}")
+            raise
+        except BaseException as e:
+            rd.set_status("failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return rd.set_status("done")
+
+
+def default_out(sweep: str, run_id: str) -> Path:
+    return RUNS_ROOT / sweep / run_id
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("config", nargs="?", help="a RunConfig YAML (e.g. sweeps/presets/tiny.yaml)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. loss.rule=nsr seed=1")
+    p.add_argument("--sweep", help="a sweep file (sweeps/*.yaml); with --run, run that grid point")
+    p.add_argument("--run", dest="run_id", help="run id within --sweep (as listed by slurm.submit --dry-run)")
+    p.add_argument("--preset", help="with --sweep: replace the sweep's preset (e.g. tiny)")
+    p.add_argument("--out", help="run folder (default results/runs/<sweep>/<run_id>)")
+    p.add_argument("--force", action="store_true", help="rerun a finished run from scratch")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def resolve(args) -> tuple[RunConfig, str, str]:
+    """(config, run_id, sweep name) from the command line; raises ConfigError on bad input."""
+    if args.sweep:
+        if args.config or args.overrides:
+            raise ConfigError("give either a config file with overrides, or --sweep with --run, not both")
+        if not args.run_id:
+            raise ConfigError("--sweep needs --run RUN_ID (list them with: python -m slurm.submit SWEEP --dry-run)")
+        from sweeps import resolve_run
+
+        spec = resolve_run(args.sweep, args.run_id, preset=args.preset)
+        return spec.config, spec.run_id, spec.sweep
+    if not args.config:
+        raise ConfigError("give a config file (e.g. sweeps/presets/tiny.yaml) or --sweep SWEEP --run RUN_ID")
+    cfg = load_config(args.config, args.overrides)
+    return cfg, f"{Path(args.config).stem}-{cfg.run_hash()}", "adhoc"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg, run_id, sweep = resolve(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else default_out(sweep, run_id)
+    try:
+        status = run(cfg, out, run_id=run_id, force=args.force, progress=not args.no_progress)
+    except (RunExistsError, RunLockedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except Cancelled:
+        return 143
+    print(f"{status['state']}: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

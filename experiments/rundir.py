@@ -1,0 +1,230 @@
+"""The run folder contract (design.md, "Run directory contract"), shared by both backends.
+
+    results/runs/<sweep>/<run_id>/
+        config.yaml     the resolved RunConfig + a ``meta`` section (git commit, package versions, run id)
+        metrics.jsonl   one JSON object per RL step
+        eval.jsonl      one JSON object per (step, benchmark, problem_id, decoding, sample)
+        status.json     state running | done | failed | cancelled, timestamps, error; written atomically
+        checkpoint.pt   resumable state (tiny backend), replaced atomically
+
+Writes are crash-safe: status.json and checkpoints go through a temp file and ``os.replace``; log lines are
+appended with a single ``write`` and flushed, and on resume the logs are cut back to the checkpoint's step, so a
+resumed run ends with exactly the rows of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gzip
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from experiments.config import RunConfig
+
+STATES = ("running", "done", "failed", "cancelled")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_PACKAGES = ("torch", "transformers", "openrlhf", "numpy", "datasets", "submitit", "vllm", "deepspeed", "ray")
+
+
+class RunExistsError(RuntimeError):
+    """The run folder holds a finished run (or another config) and ``force`` was not given."""
+
+
+class RunLockedError(RuntimeError):
+    """Another process holds this run folder."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def git_info() -> dict[str, Any]:
+    def git(*args):
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None}
+    return {"git_commit": commit or None, "git_dirty": dirty if commit else None}
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSON-lines file (plain or .gz); a truncated last line (a crash mid-write) is dropped."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    with opener(path, "rt") as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i >= len(lines) - 2:  # only the last line may be cut short
+                break
+            raise
+    return rows
+
+
+class RunDir:
+    """One run folder. All methods are safe to call again after a crash."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    # ------------------------------------------------------------ files
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def status_path(self) -> Path:
+        return self.path / "status.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def eval_path(self) -> Path:
+        gz = self.path / "eval.jsonl.gz"
+        return gz if gz.exists() else self.path / "eval.jsonl"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / "checkpoint.pt"
+
+    # ------------------------------------------------------------ status
+    def status(self) -> dict | None:
+        try:
+            return json.loads(self.status_path.read_text())
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError:  # cannot happen with atomic writes, but never crash a reader on it
+            return {"state": "unknown"}
+
+    def state(self) -> str | None:
+        st = self.status()
+        return None if st is None else st.get("state")
+
+    def set_status(self, state: str, **extra) -> dict:
+        if state not in STATES:
+            raise ValueError(f"state={state!r} is not valid; allowed: {', '.join(STATES)}")
+        now = time.time()
+        st = self.status() or {}
+        st.pop("error", None) if state == "running" else None
+        st.update(state=state, updated=now, host=socket.gethostname(), pid=os.getpid(), **extra)
+        st.setdefault("created", now)
+        if state == "running":
+            st["started"] = now
+            st["attempts"] = int(st.get("attempts", 0)) + 1
+        else:
+            st["finished"] = now
+        for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+            if key in os.environ:
+                st[key.lower()] = os.environ[key]
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.status_path, json.dumps(st, indent=1, sort_keys=True) + "\n")
+        return st
+
+    # ------------------------------------------------------------ config
+    def write_config(self, cfg: RunConfig, run_id: str | None = None, **meta) -> None:
+        data = cfg.to_dict()
+        data["meta"] = {
+            "run_id": run_id or self.path.name,
+            "run_hash": cfg.run_hash(),
+            **git_info(),
+            "versions": package_versions(),
+            **meta,
+        }
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.config_path, yaml.safe_dump(data, sort_keys=False))
+
+    def config_hash(self) -> str | None:
+        try:
+            data = yaml.safe_load(self.config_path.read_text()) or {}
+        except FileNotFoundError:
+            return None
+        return (data.get("meta") or {}).get("run_hash")
+
+    # ------------------------------------------------------------ logs
+    def append(self, name: str, rows: Iterable[dict]) -> None:
+        """Append rows to ``name`` (metrics.jsonl or eval.jsonl), one ``write`` call, flushed."""
+        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
+        if text:
+            with open(self.path / name, "a") as f:
+                f.write(text)
+                f.flush()
+
+    def truncate_logs(self, last_step: int) -> None:
+        """Drop log rows with step > ``last_step`` (written after the checkpoint a resume starts from)."""
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            path = self.path / name
+            if path.exists():
+                keep = [r for r in read_jsonl(path) if r.get("step", -1) <= last_step]
+                atomic_write_text(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in keep))
+
+    def reset_logs(self) -> None:
+        for name in ("metrics.jsonl", "eval.jsonl", "eval.jsonl.gz"):
+            (self.path / name).unlink(missing_ok=True)
+
+    def compress_eval(self) -> None:
+        """eval.jsonl -> eval.jsonl.gz (readers accept both); done once a run is finished."""
+        src = self.path / "eval.jsonl"
+        if src.exists():
+            dst = self.path / "eval.jsonl.gz"
+            tmp = dst.with_name(".eval.jsonl.gz.tmp")
+            with open(src, "rb") as f, gzip.GzipFile(tmp, "wb", mtime=0) as g:
+                g.write(f.read())
+            os.replace(tmp, dst)
+            src.unlink()
+
+    def clear(self) -> None:
+        """Remove everything this contract writes (``--force``)."""
+        for p in ("config.yaml", "status.json", "metrics.jsonl", "eval.jsonl", "eval.jsonl.gz", "checkpoint.pt"):
+            (self.path / p).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------ lock
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive use of the folder (an OS lock, released when the process dies)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        f = open(self.path / ".lock", "w")
+        try:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunLockedError(f"{self.path}: another process is running this run") from None
+            yield
+        finally:
+            f.close()
