@@ -51,8 +51,19 @@ def _on_sigterm(signum, frame):
     raise Cancelled(f"received signal {signum}")
 
 
-def run(cfg: RunConfig, out: str | Path, *, run_id: str | None = None, force: bool = False, progress: bool = True):
+def run(
+    cfg: RunConfig,
+    out: str | Path,
+    *,
+    run_id: str | None = None,
+    meta: dict | None = None,
+    force: bool = False,
+    progress: bool = True,
+):
     """Run ``cfg`` into folder ``out`` (resuming it if it holds an unfinished run of the same config).
+
+    ``meta`` (e.g. ``{"sweep": "delta", "arm": "nsr", "point": {"loss.delta": 0.2}, "seed": 0}``) is stored in
+    config.yaml's ``meta`` section, where the analysis finds each run's arm.
 
     Returns the final status dict. Raises RunExistsError if ``out`` holds a finished run, or a run of another
     config, and ``force`` is False; RunLockedError if another process is running it.
@@ -70,7 +81,7 @@ def run(cfg: RunConfig, out: str | Path, *, run_id: str | None = None, force: bo
     with rd.lock():
         if force:
             rd.clear()
-        rd.write_config(cfg, run_id=run_id)
+        rd.write_config(cfg, run_id=run_id, **(meta or {}))
         rd.set_status("running", run_hash=cfg.run_hash())
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
@@ -105,8 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve(args) -> tuple[RunConfig, str, str]:
-    """(config, run_id, sweep name) from the command line; raises ConfigError on bad input."""
+def resolve(args) -> tuple[RunConfig, str, str, dict]:
+    """(config, run_id, sweep name, meta) from the command line; raises ConfigError on bad input."""
     if args.sweep:
         if args.config or args.overrides:
             raise ConfigError("give either a config file with overrides, or --sweep with --run, not both")
@@ -115,23 +126,24 @@ def resolve(args) -> tuple[RunConfig, str, str]:
         from sweeps import resolve_run
 
         spec = resolve_run(args.sweep, args.run_id, preset=args.preset)
-        return spec.config, spec.run_id, spec.sweep
+        return spec.config, spec.run_id, spec.sweep, spec.meta
     if not args.config:
         raise ConfigError("give a config file (e.g. sweeps/presets/tiny.yaml) or --sweep SWEEP --run RUN_ID")
     cfg = load_config(args.config, args.overrides)
-    return cfg, f"{Path(args.config).stem}-{cfg.run_hash()}", "adhoc"
+    name = Path(args.config).stem
+    return cfg, f"{name}-{cfg.run_hash()}", "adhoc", {"sweep": "adhoc", "arm": name, "seed": cfg.seed}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        cfg, run_id, sweep = resolve(args)
+        cfg, run_id, sweep, meta = resolve(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_out(sweep, run_id)
     try:
-        status = run(cfg, out, run_id=run_id, force=args.force, progress=not args.no_progress)
+        status = run(cfg, out, run_id=run_id, meta=meta, force=args.force, progress=not args.no_progress)
     except (RunExistsError, RunLockedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
