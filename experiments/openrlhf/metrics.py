@@ -1,0 +1,145 @@
+"""OpenRLHF 0.11.2's logged ``train/*`` scalars, mapped onto the run folder's metrics.jsonl names (design.md).
+
+OpenRLHF's controller logs one dict per RL step (``PPOTrainer.save_logs_and_checkpoints``); its TensorBoard logger
+writes every key ``k`` as the scalar tag ``train/<k>`` at step ``global_step`` (so ``rollout/reward_mean`` becomes
+``train/rollout/reward_mean``), and wandb logs the same names. The NSR layer adds its own keys through
+``experience.info`` (``nsr_clip_frac_low``, ``nsr_rescue_frac``, ...; nsr/openrlhf/loss.py), which OpenRLHF logs the
+same way. Every value is already a mean over the step's micro-batches and ranks (token-weighted for the 0-dim
+per-micro-batch metrics), so one logged dict is one metrics.jsonl row.
+
+    from experiments.openrlhf.metrics import row_from_logs, rows_from_tensorboard
+    row = row_from_logs(3, {"policy_loss": 0.1, "rollout/reward_mean": 0.4, ...})
+    rows = rows_from_tensorboard("results/runs/main/<run_id>/tensorboard")   # list of rows, by step
+
+The launcher writes metrics.jsonl directly from the controller with :func:`row_from_logs`;
+:func:`rows_from_tensorboard` rebuilds the same rows from event files (a cluster run that only kept TensorBoard,
+or a plain OpenRLHF run). Keys a run did not log (e.g. ``entropy`` without ``--actor.entropy_coef``) are ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+# Our metrics.jsonl name -> OpenRLHF logged keys (without the ``train/`` prefix), first present wins.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    # rollout/* is computed over every sample of the rollout before any split; reward / response_length are the
+    # per-sample means over the micro-batches the actor trained on (drop_last may skip a few), used as fallback.
+    "reward_mean": ("rollout/reward_mean", "reward"),
+    "entropy": ("entropy_loss",),  # mean token entropy; logged whenever --actor.entropy_coef is set (0 = log only)
+    "response_len": ("rollout/response_length_mean", "response_length"),
+    "clip_frac_low": ("nsr_clip_frac_low",),
+    "clip_frac_high": ("nsr_clip_frac_high",),
+    "rescue_frac": ("nsr_rescue_frac",),
+    "pushout_frac": ("nsr_pushout_frac",),
+    "ppo_kl": ("ppo_kl",),  # masked mean of old_logp - logp, as nsr's approx_kl
+    "policy_loss": ("policy_loss",),
+    "grad_norm": ("actor_grad_norm",),  # the last optimizer step's norm of the RL step (OpenRLHF keeps the last)
+    "wall_s": ("timing/step_total",),  # seconds this RL step took (generation + experience + train + sync)
+}
+
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "clip_frac": ("nsr_clip_frac", "ppo_clip_ratio"),  # OpenRLHF's own clip ratio = our clip_frac
+    "ratio_mean": ("nsr_ratio_mean",),
+    "ratio_min": ("nsr_ratio_min",),  # mean over micro-batches of each micro-batch's min
+    "ratio_max": ("nsr_ratio_max",),  # mean over micro-batches of each micro-batch's max
+    "lr": ("actor_lr",),
+    "kl_ref": ("kl",),
+    "reward_std": ("rollout/reward_std",),
+    "group_reward_std": ("group_reward_std",),
+    "truncated_frac": ("rollout/truncated_rate", "truncated"),
+    "num_samples": ("rollout/num_samples",),
+    "dynamic_filtering_pass_rate": ("dynamic_filtering_pass_rate",),
+    "generation_s": ("timing/generation",),
+    "train_s": ("timing/ppo_train",),
+}
+
+METRIC_KEYS = ("step", *REQUIRED)
+"""The design.md metrics.jsonl fields, in order."""
+
+TB_PREFIX = "train/"
+
+
+def _scalar(value) -> float | None:
+    """A finite-or-not float from a logged value (python number, 0-dim tensor, numpy scalar), else None."""
+    if value is None or isinstance(value, (str, bytes, list, tuple, dict)):
+        return None
+    try:
+        out = float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def row_from_logs(step: int, logs: Mapping[str, object]) -> dict:
+    """One metrics.jsonl row from OpenRLHF's per-step log dict (keys as the controller logs them, no prefix).
+
+    Args:
+        step: OpenRLHF's global_step (1 for the first RL step).
+        logs: {key: value}; keys may also carry the ``train/`` prefix of the TensorBoard tags.
+
+    Returns:
+        {"step": step, <REQUIRED keys>, <EXTRAS keys that were logged>}; a required key that was not logged is None.
+    """
+    flat = {(k[len(TB_PREFIX) :] if k.startswith(TB_PREFIX) else k): v for k, v in logs.items()}
+    row: dict = {"step": int(step)}
+    for ours, theirs in REQUIRED.items():
+        row[ours] = next((_scalar(flat[k]) for k in theirs if k in flat), None)
+    for ours, theirs in EXTRAS.items():
+        for k in theirs:
+            if k in flat and _scalar(flat[k]) is not None:
+                row[ours] = _scalar(flat[k])
+                break
+    return row
+
+
+def _event_dirs(logdir: Path) -> list[Path]:
+    """Folders under ``logdir`` (itself included) that hold TensorBoard event files."""
+    dirs = {p.parent for p in logdir.rglob("events.out.tfevents.*") if p.is_file()}
+    return sorted(dirs)
+
+
+def read_scalars(logdir: str | Path) -> dict[int, dict[str, tuple[float, float]]]:
+    """{step: {tag: (wall_time, value)}} over every event file under ``logdir``.
+
+    A resumed run writes new event files that repeat the steps logged after its last checkpoint; for a repeated
+    (step, tag) the value with the latest wall time wins, as in the resumed run's own history.
+    """
+    from tensorboard.backend.event_processing import event_accumulator
+
+    logdir = Path(logdir)
+    if not logdir.is_dir():
+        raise FileNotFoundError(f"{logdir}: no such TensorBoard log folder")
+    out: dict[int, dict[str, tuple[float, float]]] = {}
+    for d in _event_dirs(logdir):
+        for f in sorted(d.glob("events.out.tfevents.*")):
+            acc = event_accumulator.EventAccumulator(str(f), size_guidance={event_accumulator.SCALARS: 0})
+            acc.Reload()
+            for tag in acc.Tags().get("scalars", []):
+                for ev in acc.Scalars(tag):
+                    prev = out.setdefault(ev.step, {}).get(tag)
+                    if prev is None or ev.wall_time >= prev[0]:
+                        out[ev.step][tag] = (ev.wall_time, ev.value)
+    return out
+
+
+def rows_from_tensorboard(logdir: str | Path) -> list[dict]:
+    """metrics.jsonl rows (sorted by step) rebuilt from the ``train/*`` scalars of OpenRLHF's TensorBoard logs.
+
+    Args:
+        logdir: ``--logger.tensorboard_dir`` (holding a ``<run_name>/`` folder) or the event folder itself.
+
+    Returns:
+        One :func:`row_from_logs` row per step that has ``train/*`` scalars, plus ``wall_time`` (unix seconds of
+        the step's last event). ``eval/*`` scalars (OpenRLHF's online eval) are not metrics rows and are skipped.
+    """
+    rows = []
+    for step, tags in sorted(read_scalars(logdir).items()):
+        train = {t: v for t, (_, v) in tags.items() if t.startswith(TB_PREFIX)}
+        if not train:
+            continue
+        row = row_from_logs(step, train)
+        row["wall_time"] = max(w for t, (w, _) in tags.items() if t.startswith(TB_PREFIX))
+        rows.append(row)
+    return rows

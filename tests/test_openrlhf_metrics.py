@@ -1,0 +1,109 @@
+"""experiments.openrlhf.metrics: OpenRLHF's logged train/* names -> metrics.jsonl rows.
+
+Event files are written by OpenRLHF 0.11.2's own TensorboardLogger (loaded from the installed package by file
+path), so a change in its tag layout fails here.
+"""
+
+import importlib.util
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from experiments.openrlhf.metrics import METRIC_KEYS, REQUIRED, row_from_logs, rows_from_tensorboard
+from nsr.openrlhf.reference import openrlhf_root
+
+
+def _tb_logger_cls():
+    path = openrlhf_root() / "utils" / "logging_utils.py"
+    spec = importlib.util.spec_from_file_location("_openrlhf_logging_utils", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.TensorboardLogger
+
+
+def _step_logs(step: int) -> dict:
+    """A log dict shaped like PPOTrainer.fit's ``status`` (actor metrics + rollout/* + timing/* + sample text)."""
+    return {
+        "policy_loss": 0.01 * step,
+        "entropy_loss": 0.5 + step,
+        "actor_lr": 1e-6,
+        "actor_grad_norm": 0.3 * step,
+        "ppo_clip_ratio": 0.05,
+        "ppo_kl": -0.001 * step,
+        "reward": 0.4,
+        "response_length": 100.0 + step,
+        "nsr_clip_frac_low": 0.02,
+        "nsr_clip_frac_high": 0.03,
+        "nsr_clip_frac": 0.05,
+        "nsr_rescue_frac": 0.01 * step,
+        "nsr_pushout_frac": 0.0,
+        "nsr_ratio_max": 1.7,
+        "rollout/reward_mean": 0.25 * step,
+        "rollout/response_length_mean": 120.0 + step,
+        "rollout/truncated_rate": 0.1,
+        "timing/step_total": 30.0 + step,
+        "generated_samples": ["some text", 1.0],
+    }
+
+
+def test_row_from_logs_maps_every_required_key():
+    row = row_from_logs(2, _step_logs(2))
+    assert list(row)[: len(METRIC_KEYS)] == list(METRIC_KEYS)
+    assert row["step"] == 2
+    assert row["reward_mean"] == 0.5  # rollout/reward_mean wins over the per-micro-batch reward
+    assert row["response_len"] == 122.0
+    assert row["entropy"] == 2.5
+    assert row["grad_norm"] == pytest.approx(0.6)
+    assert row["ppo_kl"] == pytest.approx(-0.002)
+    assert row["rescue_frac"] == pytest.approx(0.02)
+    assert row["clip_frac_low"] == 0.02 and row["clip_frac_high"] == 0.03
+    assert row["wall_s"] == 32.0
+    assert row["clip_frac"] == 0.05 and row["ratio_max"] == 1.7 and row["truncated_frac"] == 0.1
+    assert all(row[k] is not None for k in REQUIRED)
+
+
+def test_row_from_logs_fallbacks_and_missing_keys():
+    logs = {"train/reward": 0.75, "train/response_length": 9, "ppo_clip_ratio": 0.2, "policy_loss": float("nan")}
+    row = row_from_logs(1, logs)
+    assert row["reward_mean"] == 0.75 and row["response_len"] == 9.0 and row["clip_frac"] == 0.2
+    assert row["entropy"] is None and row["clip_frac_low"] is None  # not logged: None, not 0
+    assert row["policy_loss"] is None  # a NaN never reaches JSON
+
+
+def test_rows_from_tensorboard_of_openrlhfs_own_logger(tmp_path):
+    TensorboardLogger = _tb_logger_cls()
+    args = SimpleNamespace(logger=SimpleNamespace(tensorboard_dir=str(tmp_path / "tb"), wandb=SimpleNamespace()))
+    args.logger.wandb.run_name = "run-a"
+    tb = TensorboardLogger(args)
+    for step in (1, 2, 3):
+        tb.log_train(step, _step_logs(step))
+    tb.log_eval(3, {"eval_aime24_pass1": 0.3})
+    tb.close()
+    rows = rows_from_tensorboard(tmp_path / "tb")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        want = row_from_logs(r["step"], _step_logs(r["step"]))
+        for k, v in want.items():
+            assert r[k] == pytest.approx(v, rel=1e-6), k  # TensorBoard stores float32
+        assert math.isfinite(r["wall_time"])
+
+
+def test_rows_from_tensorboard_resumed_run_keeps_latest_values(tmp_path):
+    TensorboardLogger = _tb_logger_cls()
+    args = SimpleNamespace(logger=SimpleNamespace(tensorboard_dir=str(tmp_path), wandb=SimpleNamespace(run_name="r")))
+    first = TensorboardLogger(args)
+    for step in (1, 2, 3):
+        first.log_train(step, {"policy_loss": 1.0, "timing/step_total": 1.0})
+    first.close()
+    resumed = TensorboardLogger(args)
+    for step in (3, 4):  # resumed from the step-2 checkpoint: step 3 is logged again
+        resumed.log_train(step, {"policy_loss": 2.0, "timing/step_total": 1.0})
+    resumed.close()
+    rows = rows_from_tensorboard(tmp_path)
+    assert [(r["step"], r["policy_loss"]) for r in rows] == [(1, 1.0), (2, 1.0), (3, 2.0), (4, 2.0)]
+
+
+def test_rows_from_tensorboard_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such TensorBoard log folder"):
+        rows_from_tensorboard(tmp_path / "nope")
