@@ -1,0 +1,143 @@
+"""NSRPolicyLoss: OpenRLHF 0.11.2's ``PolicyLoss`` with every clip rule of ``nsr`` (method.md).
+
+Same constructor, same ``forward`` signature, same 5-tuple ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``,
+so it drops into ``ActorPPOTrainer.actor_loss_fn`` (trainer/ray/ppo_actor.py:76). ``rule="hard"`` delegates to the
+parent: baselines are OpenRLHF bit for bit. Other rules compute the per-token loss with ``nsr.policy_loss`` and
+reduce it with OpenRLHF's own ``aggregate_loss`` (global token-mean across gradient accumulation and DP ranks).
+
+Randomness: a ``torch.Generator`` on the loss device, seeded from (train seed, DP rank, RL step, micro-step)
+(:func:`nsr.openrlhf.settings.stream_seed`); the actor sets the RL step before each ``fit`` (nsr/openrlhf/actors.py).
+Metrics: every ``nsr.METRIC_KEYS`` value goes into ``self.sink`` (the micro-batch's ``experience.info``, set by the
+actor's ``training_step`` wrapper) as ``nsr_<key>``; OpenRLHF logs it as ``train/nsr_<key>``.
+
+On a GPU node the parent is the real ``openrlhf.models.loss.PolicyLoss``; where that package cannot be imported
+(no flash-attn, e.g. CPU CI) it is OpenRLHF's same file loaded by path (nsr.openrlhf.reference).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import nsr
+from nsr.openrlhf.reference import load_loss_module
+from nsr.openrlhf.settings import NSRSettings, stream_seed
+
+_orl = load_loss_module(prefer_real=True)
+PolicyLoss = _orl.PolicyLoss
+aggregate_loss = _orl.aggregate_loss
+
+LEVEL_OF_LOSS_TYPE = {"ppo": "token", "gspo": "sequence"}
+
+
+class NSRPolicyLoss(PolicyLoss):
+    """OpenRLHF's PolicyLoss whose clip rule is ``nsr.rule``.
+
+    Args: those of ``PolicyLoss`` (positional order kept), plus keyword-only
+        settings: the run's NSRSettings (None = rule hard, i.e. exactly ``PolicyLoss``).
+        seed, rank: the training seed and this process's DP rank, for the random streams.
+    """
+
+    def __init__(
+        self,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
+        dual_clip: float = None,
+        token_level_loss: bool = True,
+        policy_loss_type: str = "ppo",
+        is_correction_level: str = "off",
+        is_correction_mode: str = "mask",
+        is_correction_gating: str = "ratio",
+        is_correction_threshold: list = (0.5, 5.0),
+        *,
+        settings: NSRSettings | None = None,
+        seed: int = 0,
+        rank: int = 0,
+    ) -> None:
+        super().__init__(
+            clip_eps_low=clip_eps_low,
+            clip_eps_high=clip_eps_high,
+            dual_clip=dual_clip,
+            token_level_loss=token_level_loss,
+            policy_loss_type=policy_loss_type,
+            is_correction_level=is_correction_level,
+            is_correction_mode=is_correction_mode,
+            is_correction_gating=is_correction_gating,
+            is_correction_threshold=is_correction_threshold,
+        )
+        settings = settings or NSRSettings()
+        if policy_loss_type not in LEVEL_OF_LOSS_TYPE:
+            raise ValueError(f"policy_loss_type={policy_loss_type!r} is not valid; allowed: ppo, gspo")
+        self.cfg = settings.loss_config(
+            clip_eps_low, clip_eps_high, dual_clip, level=LEVEL_OF_LOSS_TYPE[policy_loss_type]
+        )
+        if self.cfg.rule != "hard" and is_correction_level != "off":
+            raise ValueError(
+                f"--algo.advantage.is_correction_level={is_correction_level!r} (vLLM IS correction) is only "
+                f"supported with --nsr.rule hard, got rule {self.cfg.rule!r}; allowed: off"
+            )
+        self.seed, self.rank = int(seed), int(rank)
+        self.rl_step = 0
+        self.micro_step = 0
+        self.sink: dict | None = None
+        """The current micro-batch's experience.info (set by the actor's training_step wrapper), or None."""
+
+    def start_step(self, rl_step: int) -> None:
+        """Called by the actor before each RL step's updates: restarts the micro-step count of the streams."""
+        self.rl_step, self.micro_step = int(rl_step), 0
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The seeded stream of the next micro-batch (advances the micro-step)."""
+        g = torch.Generator(device=device)
+        g.manual_seed(stream_seed("loss", self.seed, self.rank, self.rl_step, self.micro_step))
+        self.micro_step += 1
+        return g
+
+    def _log(self, metrics: dict[str, torch.Tensor]) -> None:
+        if self.sink is not None:
+            for k, v in metrics.items():
+                self.sink[f"nsr_{k}"] = v.detach()
+
+    def forward(
+        self,
+        log_probs: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        rollout_log_probs: torch.Tensor | None = None,
+        dp_size: int = 1,
+        batch_num_tokens: float | None = None,
+        global_batch_size: float | None = None,
+    ):
+        """(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio), as ``PolicyLoss.forward``; tensors (B, A), padded."""
+        mask = torch.ones_like(log_probs, dtype=torch.bool) if action_mask is None else action_mask.bool()
+        if self.cfg.rule == "hard":
+            out = super().forward(
+                log_probs,
+                old_log_probs,
+                advantages,
+                action_mask=action_mask,
+                rollout_log_probs=rollout_log_probs,
+                dp_size=dp_size,
+                batch_num_tokens=batch_num_tokens,
+                global_batch_size=global_batch_size,
+            )
+            if self.sink is not None:  # the same metrics as every other rule, for the clip_frac_low/high split
+                with torch.no_grad():
+                    _, metrics = nsr.policy_loss(log_probs.detach(), old_log_probs, advantages, mask, self.cfg)
+                self._log(metrics)
+            return out
+        loss_tok, metrics = nsr.policy_loss(
+            log_probs, old_log_probs, advantages, mask, self.cfg, generator=self.generator(log_probs.device)
+        )
+        loss = aggregate_loss(
+            loss_tok,
+            mask if action_mask is None else action_mask,
+            token_level_loss=self.token_level_loss,
+            dp_size=dp_size,
+            batch_num_tokens=batch_num_tokens,
+            global_batch_size=global_batch_size,
+        )
+        self._log(metrics)
+        clip_ratio = metrics["clip_frac"].to(device=log_probs.device, dtype=torch.float32)
+        ppo_kl = metrics["approx_kl"].to(log_probs.device)
+        return loss, clip_ratio, ppo_kl, None, None
