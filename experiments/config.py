@@ -89,6 +89,11 @@ class TaskConfig:
     """openrlhf: benchmark names for the offline evaluator (aime24, aime25, amc); tiny evaluates its own task."""
     max_prompt_len: int = 1024
     """openrlhf: prompt token budget."""
+    chat_template: bool = True
+    """openrlhf: wrap each prompt in the model tokenizer's chat template (``--data.apply_chat_template``)."""
+    data_dir: str = ""
+    """openrlhf: folder of the evaluator's ``<benchmark>.jsonl`` files (made by ``experiments.openrlhf.data``);
+    '' = the folder of ``train_data``."""
 
 
 @dataclass(frozen=True)
@@ -202,8 +207,22 @@ class OpenRLHFConfig:
     colocate_all: bool = True
     save_steps: int = 50
     """Checkpoint interval in RL steps (the offline evaluator reads these checkpoints)."""
+    packing_samples: bool = True
+    """Pack micro-batches without padding (``--ds.packing_samples``; needs flash-attn, as on the cluster)."""
+    lr_scheduler: str = "constant_with_warmup"
+    """Actor LR schedule (``--actor.lr_scheduler``; OpenRLHF's default is cosine_with_min_lr)."""
+    lr_warmup_ratio: float = 0.0
+    """Fraction of the optimizer steps spent in linear warmup (``--actor.lr_warmup_ratio``)."""
+    dynamic_filtering: bool = False
+    """DAPO dynamic sampling: drop prompts whose G rewards are all equal (``--algo.dynamic_filtering_enable``,
+    range 0 1: keeps prompts with mean reward strictly inside (0, 1))."""
+    overlong_buffer_len: int = 0
+    """DAPO soft overlong punishment: tokens before max_new_tokens where the length penalty starts (0 = off)."""
+    overlong_penalty_factor: float = 1.0
+    """DAPO overlong punishment: penalty at the full response budget."""
     extra_args: tuple[str, ...] = ()
-    """Further OpenRLHF flags, passed through verbatim (checked by OpenRLHF's own parser)."""
+    """Further OpenRLHF flags, passed through verbatim (checked by OpenRLHF's own parser); flags the argv
+    builder sets from other fields are refused here (set the field instead)."""
 
 
 @dataclass(frozen=True)

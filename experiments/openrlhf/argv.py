@@ -1,0 +1,252 @@
+"""RunConfig -> the launcher command ``python -m nsr.openrlhf.launch --nsr.* ... <OpenRLHF 0.11.2 flags>``.
+
+Pure: imports neither openrlhf, Ray nor vLLM, so ``python -m experiments.run --sweep S --dry-run`` works anywhere.
+Every RunConfig field that matters on the cluster maps to one OpenRLHF dotted flag (notes/openrlhf.md section 4) or
+to one ``--nsr.*`` flag (nsr/openrlhf/settings.py); the tests parse ``openrlhf_argv`` with OpenRLHF's real parser
+and compare every value with the RunConfig.
+
+    from experiments.openrlhf.argv import build_command
+    cmd = build_command(cfg, run_dir="results/runs/main/<run_id>", run_id="<run_id>")
+    cmd.argv            # [python, "-m", "nsr.openrlhf.launch", "--nsr.rule", "nsr", ..., "--actor.adam.lr", ...]
+    cmd.openrlhf_argv   # exactly what OpenRLHF's parser receives
+
+Refused with a ConfigError naming the keys (before anything starts): one optimizer step per rollout (the clip never
+fires, so every arm would equal the baseline), batch sizes OpenRLHF/DeepSpeed cannot split, GSPO with token-mean,
+colocation with a GPU count vLLM does not fill, extra_args that repeat a flag set from a field.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.config import ConfigError, RunConfig
+from experiments.rundir import REPO_ROOT
+from nsr.openrlhf.settings import NSRSettings
+
+LAUNCHER = "nsr.openrlhf.launch"
+REWARD_FILE = Path(__file__).resolve().with_name("reward.py")
+INPUT_KEY, LABEL_KEY = "prompt", "label"  # the keys experiments.openrlhf.data writes
+
+# nsr.AdvantageConfig.kind -> OpenRLHF estimator. positive_only and random_reward are group_norm plus the launcher's
+# controller-side transform (nsr/openrlhf/actors.py); no_std is Dr. GRPO's r - mean, OpenRLHF's dr_grpo.
+ESTIMATOR = {
+    "group_norm": "group_norm",
+    "no_std": "dr_grpo",
+    "positive_only": "group_norm",
+    "random_reward": "group_norm",
+}
+LOSS_TYPE = {"token": "ppo", "sequence": "gspo"}
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    argv: list[str]
+    """The full command: python -m nsr.openrlhf.launch, the --nsr.* flags, then ``openrlhf_argv``."""
+    openrlhf_argv: list[str]
+    """Exactly the flags OpenRLHF 0.11.2's parser receives."""
+    nsr_argv: list[str]
+    """The launcher's own --nsr.* flags."""
+
+
+def _fail(msg: str) -> None:
+    raise ConfigError(msg)
+
+
+def optimizer_steps_per_rollout(cfg: RunConfig) -> float:
+    """prompts_per_step x samples_per_prompt / openrlhf.train_batch_size x train.epochs."""
+    samples = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    return samples / cfg.openrlhf.train_batch_size * cfg.train.epochs
+
+
+def check(cfg: RunConfig) -> None:
+    """Raise ConfigError for a config the cluster backend cannot run as intended."""
+    o, r, t = cfg.openrlhf, cfg.rollout, cfg.train
+    if cfg.backend != "openrlhf":
+        _fail(f"backend={cfg.backend!r} is not valid here; allowed: openrlhf")
+    if not cfg.task.train_data:
+        _fail("task.train_data='' is not valid; allowed: a prompt JSONL made by python -m experiments.openrlhf.data")
+    if cfg.model.name == "tiny-gpt2":
+        _fail("model.name='tiny-gpt2' is the CPU testbed's model; allowed: a HF model id or local path")
+    samples = r.prompts_per_step * r.samples_per_prompt
+    if o.train_batch_size < 1 or samples % o.train_batch_size:
+        _fail(
+            f"openrlhf.train_batch_size={o.train_batch_size} is not valid; allowed: a divisor of "
+            f"rollout.prompts_per_step x rollout.samples_per_prompt = {samples}"
+        )
+    steps = optimizer_steps_per_rollout(cfg)
+    if steps <= 1 and not t.allow_on_policy:
+        _fail(
+            f"one optimizer step per rollout (rollout.prompts_per_step x rollout.samples_per_prompt / "
+            f"openrlhf.train_batch_size x train.epochs = {samples} / {o.train_batch_size} x {t.epochs} = {steps:g}): "
+            "OpenRLHF recomputes old_log_probs before the update, so every ratio is 1, no token is clipped and every "
+            "clip rule equals the baseline; allowed: > 1 (smaller openrlhf.train_batch_size or more train.epochs), "
+            "or train.allow_on_policy=true"
+        )
+    if samples // o.train_batch_size != t.minibatches:
+        _fail(
+            f"train.minibatches={t.minibatches} does not match the cluster batch: rollout.prompts_per_step x "
+            f"rollout.samples_per_prompt / openrlhf.train_batch_size = {samples // o.train_batch_size} optimizer "
+            f"steps per pass; allowed: train.minibatches={samples // o.train_batch_size}"
+        )
+    world = o.nodes * o.gpus_per_node
+    if o.micro_train_batch_size < 1 or o.train_batch_size % (o.micro_train_batch_size * world):
+        _fail(
+            f"openrlhf.train_batch_size={o.train_batch_size} is not valid for DeepSpeed; allowed: a multiple of "
+            f"openrlhf.micro_train_batch_size x nodes x gpus_per_node = {o.micro_train_batch_size} x {world}"
+        )
+    if o.micro_rollout_batch_size < 1 or samples // o.micro_rollout_batch_size < world:
+        _fail(
+            f"openrlhf.micro_rollout_batch_size={o.micro_rollout_batch_size} is not valid; allowed: 1 .. "
+            f"{samples // world} (every one of the {world} actor ranks needs a rollout micro-batch)"
+        )
+    if o.colocate_all and o.vllm_engines * o.vllm_tensor_parallel != world:
+        _fail(
+            f"openrlhf.vllm_engines x vllm_tensor_parallel = {o.vllm_engines} x {o.vllm_tensor_parallel} must equal "
+            f"nodes x gpus_per_node = {world} with openrlhf.colocate_all=true; allowed: vllm_engines = "
+            f"{world // max(o.vllm_tensor_parallel, 1)}"
+        )
+    if o.vllm_engines < 1:
+        _fail(f"openrlhf.vllm_engines={o.vllm_engines} is not valid; allowed: >= 1 (rollouts are generated by vLLM)")
+    if cfg.loss.level == "sequence" and t.agg_mode != "seq-mean-token-mean":
+        _fail(
+            f"train.agg_mode={t.agg_mode!r} is not valid with loss.level='sequence': OpenRLHF's gspo always uses "
+            "the sequence mean; allowed: seq-mean-token-mean"
+        )
+    if o.zero_stage not in (0, 1, 2, 3):
+        _fail(f"openrlhf.zero_stage={o.zero_stage} is not valid; allowed: 0, 1, 2, 3")
+    if not 0 < o.vllm_gpu_memory_utilization <= 1:
+        _fail(f"openrlhf.vllm_gpu_memory_utilization={o.vllm_gpu_memory_utilization} is not valid; allowed: (0, 1]")
+    if o.overlong_buffer_len < 0 or o.overlong_buffer_len >= r.max_new_tokens:
+        _fail(
+            f"openrlhf.overlong_buffer_len={o.overlong_buffer_len} is not valid; allowed: 0 (off) .. "
+            f"rollout.max_new_tokens - 1 = {r.max_new_tokens - 1}"
+        )
+
+
+def _num(v) -> str:
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str, list[str]]]:
+    """(flag, values) pairs of the OpenRLHF command; ``values`` is [] for a store_true flag."""
+    o, r, t, loss = cfg.openrlhf, cfg.rollout, cfg.train, cfg.loss
+    data = Path(cfg.task.train_data)
+    data = data if data.is_absolute() else REPO_ROOT / data
+    flags: list[tuple[str, list[str]]] = [
+        # model, data, reward
+        ("--actor.model_name_or_path", [cfg.model.name]),
+        ("--data.prompt_dataset", [str(data)]),
+        ("--data.input_key", [INPUT_KEY]),
+        ("--data.label_key", [LABEL_KEY]),
+        ("--data.max_len", [str(cfg.task.max_prompt_len + r.max_new_tokens)]),
+        # RL steps: each step consumes prompts_per_step prompts, one episode over exactly steps x prompts
+        ("--data.max_samples", [str(t.steps * r.prompts_per_step)]),
+        ("--train.num_episodes", ["1"]),
+        ("--reward.remote_url", [str(REWARD_FILE)]),
+        # rollout
+        ("--rollout.batch_size", [str(r.prompts_per_step)]),
+        ("--rollout.n_samples_per_prompt", [str(r.samples_per_prompt)]),
+        ("--rollout.temperature", [_num(r.temperature)]),
+        ("--rollout.max_new_tokens", [str(r.max_new_tokens)]),
+        ("--rollout.micro_batch_size", [str(o.micro_rollout_batch_size)]),
+        # updates
+        ("--train.seed", [str(cfg.seed)]),
+        ("--train.batch_size", [str(o.train_batch_size)]),
+        ("--train.micro_batch_size", [str(o.micro_train_batch_size)]),
+        ("--train.max_epochs", [str(t.epochs)]),
+        ("--actor.adam.lr", [_num(t.lr)]),
+        ("--actor.adam.betas", [_num(float(b)) for b in t.adam_betas]),
+        ("--actor.adam.weight_decay", [_num(t.weight_decay)]),
+        ("--actor.max_norm", [_num(t.grad_clip)]),
+        ("--actor.lr_scheduler", [o.lr_scheduler]),
+        ("--actor.lr_warmup_ratio", [_num(o.lr_warmup_ratio)]),
+        ("--actor.entropy_coef", [_num(t.entropy_coef)]),  # 0 still logs train/entropy_loss
+        # policy loss (the region, level and dual clip drive NSRPolicyLoss too)
+        ("--actor.policy_loss_type", [LOSS_TYPE[loss.level]]),
+        ("--actor.loss_agg_mode", [t.agg_mode]),
+        ("--actor.eps_clip_low_high", [_num(loss.eps_low), _num(loss.eps_high)]),
+        ("--algo.advantage.estimator", [ESTIMATOR[cfg.advantages.kind]]),
+        ("--algo.kl.init_coef", [_num(t.kl_coef)]),
+        # resources
+        ("--actor.num_nodes", [str(o.nodes)]),
+        ("--actor.num_gpus_per_node", [str(o.gpus_per_node)]),
+        ("--vllm.num_engines", [str(o.vllm_engines)]),
+        ("--vllm.tensor_parallel_size", [str(o.vllm_tensor_parallel)]),
+        ("--vllm.gpu_memory_utilization", [_num(o.vllm_gpu_memory_utilization)]),
+        ("--ds.zero_stage", [str(o.zero_stage)]),
+        ("--ds.param_dtype", ["bf16" if o.bf16 else "fp16"]),
+        # run folder: checkpoints (DeepSpeed for resume, HF for the offline evaluator) and TensorBoard
+        ("--ckpt.path", [str(run_dir / "ckpt")]),
+        ("--ckpt.output_dir", [str(run_dir / "ckpt" / "final_hf")]),
+        ("--ckpt.save_steps", [str(o.save_steps)]),
+        ("--ckpt.save_hf", []),
+        ("--ckpt.max_num", ["1"]),
+        ("--ckpt.load_enable", []),
+        ("--ckpt.best_metric_key", ["none"]),
+        ("--logger.tensorboard_dir", [str(run_dir / "tensorboard")]),
+        ("--logger.wandb.run_name", [run_id]),
+    ]
+    if cfg.task.chat_template:
+        flags.append(("--data.apply_chat_template", []))
+    if loss.dual_clip is not None:
+        flags.append(("--actor.dual_clip", [_num(loss.dual_clip)]))
+    if t.kl_coef > 0:  # a KL-to-reference loss (k3, as GRPO) needs the reference model on the actor's GPUs
+        flags += [
+            ("--algo.kl.use_loss", []),
+            ("--algo.kl.estimator", ["k3"]),
+            ("--ref.num_nodes", [str(o.nodes)]),
+            ("--ref.num_gpus_per_node", [str(o.gpus_per_node)]),
+        ]
+    if o.gradient_checkpointing:
+        flags.append(("--actor.gradient_checkpointing_enable", []))
+    if o.packing_samples:
+        flags.append(("--ds.packing_samples", []))
+    if o.colocate_all:
+        flags += [("--train.colocate_all", []), ("--vllm.enable_sleep", []), ("--ds.enable_sleep", [])]
+    if o.dynamic_filtering:
+        flags += [("--algo.dynamic_filtering_enable", []), ("--algo.dynamic_filtering_range", ["0", "1"])]
+    if o.overlong_buffer_len:
+        flags += [
+            ("--reward.overlong_buffer_len", [str(o.overlong_buffer_len)]),
+            ("--reward.overlong_penalty_factor", [_num(o.overlong_penalty_factor)]),
+        ]
+    return flags
+
+
+def nsr_settings(cfg: RunConfig, run_dir: Path) -> NSRSettings:
+    loss, adv = cfg.loss, cfg.advantages
+    return NSRSettings(
+        rule=loss.rule,
+        delta=loss.delta,
+        executor=loss.executor,
+        ratio_noise=loss.ratio_noise,
+        sapo_tau_pos=loss.sapo_tau_pos,
+        sapo_tau_neg=loss.sapo_tau_neg,
+        adv_kind=adv.kind,
+        adv_noise=adv.noise,
+        adv_noise_mode=adv.noise_mode,
+        metrics_path=str(run_dir / "metrics.jsonl"),
+    )
+
+
+def build_command(cfg: RunConfig, run_dir: str | Path, run_id: str, python: str = sys.executable) -> LaunchCommand:
+    """The launcher command for ``cfg`` writing into ``run_dir`` (made absolute: Ray workers have another cwd)."""
+    check(cfg)
+    run_dir = Path(run_dir).absolute()
+    pairs = openrlhf_flags(cfg, run_dir, run_id)
+    ours = {f for f, _ in pairs}
+    extra = list(cfg.openrlhf.extra_args)
+    for a in extra:
+        name = a.split("=", 1)[0]
+        if name in ours:
+            _fail(
+                f"openrlhf.extra_args sets {name}, which the run config already sets; allowed: change the RunConfig "
+                f"field behind it instead (see experiments/openrlhf/argv.py)"
+            )
+        if name.startswith("--nsr."):
+            _fail(f"openrlhf.extra_args holds {name}; allowed: OpenRLHF flags only (the loss comes from loss.*)")
+    orl = [x for f, vals in pairs for x in (f, *vals)] + extra
+    nsr = nsr_settings(cfg, run_dir).to_argv()
+    return LaunchCommand(argv=[python, "-m", LAUNCHER, *nsr, *orl], openrlhf_argv=orl, nsr_argv=nsr)

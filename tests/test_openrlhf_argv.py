@@ -1,0 +1,167 @@
+"""RunConfig -> launcher argv, checked with OpenRLHF 0.11.2's real parser and checks (built from the installed
+source, nsr.openrlhf.cli): for every cluster preset and every rule the command is accepted, and every parsed value
+equals the RunConfig's."""
+
+from pathlib import Path
+
+import pytest
+
+import nsr
+from experiments.config import ConfigError, RunConfig, load_config
+from experiments.openrlhf.argv import LAUNCHER, REWARD_FILE, build_command
+from nsr.openrlhf.cli import CLIError, build_parser, parse
+from nsr.openrlhf.settings import NSRSettings
+
+PRESETS = Path(__file__).resolve().parents[1] / "sweeps" / "presets"
+CLUSTER = ["qwen2.5-math-7b-dapo", "qwen3-8b-dapo", "qwen3-30b-a3b-gspo"]
+
+
+def _cfg(preset, overrides=()):
+    return load_config(PRESETS / f"{preset}.yaml", list(overrides))
+
+
+def _overrides_for(rule):
+    return [f"loss.rule={rule}"] + (["loss.ratio_noise=0.1"] if rule.endswith("_decision") else [])
+
+
+def assert_parsed_equals_config(args, cfg, run_dir: Path, run_id: str):
+    """Every OpenRLHF value the RunConfig determines, read back from OpenRLHF's own parsed args."""
+    o, r, t, loss = cfg.openrlhf, cfg.rollout, cfg.train, cfg.loss
+    assert args.actor.model_name_or_path == cfg.model.name
+    assert Path(args.data.prompt_dataset) == Path(cfg.task.train_data).absolute()
+    assert (args.data.input_key, args.data.label_key) == ("prompt", "label")
+    assert args.data.apply_chat_template is cfg.task.chat_template
+    assert args.data.max_len == cfg.task.max_prompt_len + r.max_new_tokens
+    assert args.data.max_samples == t.steps * r.prompts_per_step and args.train.num_episodes == 1
+    assert args.reward.remote_url == [str(REWARD_FILE)]
+    assert args.rollout.batch_size == r.prompts_per_step
+    assert args.rollout.n_samples_per_prompt == r.samples_per_prompt
+    assert args.rollout.temperature == r.temperature
+    assert args.rollout.max_new_tokens == r.max_new_tokens
+    assert args.rollout.micro_batch_size == o.micro_rollout_batch_size
+    assert args.train.seed == cfg.seed
+    assert args.train.batch_size == o.train_batch_size
+    assert args.train.micro_batch_size == o.micro_train_batch_size
+    assert args.train.max_epochs == t.epochs
+    assert args.actor.adam.lr == t.lr
+    assert tuple(args.actor.adam.betas) == tuple(t.adam_betas)
+    assert args.actor.adam.weight_decay == t.weight_decay
+    assert args.actor.max_norm == t.grad_clip
+    assert args.actor.lr_scheduler == o.lr_scheduler and args.actor.lr_warmup_ratio == o.lr_warmup_ratio
+    assert args.actor.entropy_coef == t.entropy_coef  # 0.0, not None: entropy is logged
+    assert args.actor.policy_loss_type == {"token": "ppo", "sequence": "gspo"}[loss.level]
+    assert args.actor.loss_agg_mode == t.agg_mode
+    assert tuple(args.actor.eps_clip_low_high) == (loss.eps_low, loss.eps_high)
+    assert args.actor.dual_clip == loss.dual_clip
+    want_est = {"no_std": "dr_grpo"}.get(cfg.advantages.kind, "group_norm")
+    assert args.algo.advantage.estimator == want_est
+    assert args.algo.kl.init_coef == t.kl_coef and args.algo.kl.use_loss is (t.kl_coef > 0)
+    assert (args.actor.num_nodes, args.actor.num_gpus_per_node) == (o.nodes, o.gpus_per_node)
+    assert (args.vllm.num_engines, args.vllm.tensor_parallel_size) == (o.vllm_engines, o.vllm_tensor_parallel)
+    assert args.vllm.gpu_memory_utilization == o.vllm_gpu_memory_utilization
+    assert args.ds.zero_stage == o.zero_stage and args.ds.param_dtype == ("bf16" if o.bf16 else "fp16")
+    assert args.actor.gradient_checkpointing_enable is o.gradient_checkpointing
+    assert args.ds.packing_samples is o.packing_samples
+    assert args.train.colocate_all is o.colocate_all
+    assert args.vllm.enable_sleep is o.colocate_all and args.ds.enable_sleep is o.colocate_all
+    assert args.algo.dynamic_filtering_enable is o.dynamic_filtering
+    assert args.reward.overlong_buffer_len == (o.overlong_buffer_len or None)
+    assert args.ckpt.save_steps == o.save_steps and args.ckpt.save_hf and args.ckpt.load_enable
+    assert Path(args.ckpt.path) == run_dir / "ckpt"
+    assert Path(args.logger.tensorboard_dir) == run_dir / "tensorboard" and args.logger.wandb.run_name == run_id
+    assert args.logger.wandb.key is None  # offline: TensorBoard only
+
+
+def _check_command(cfg, tmp_path):
+    cmd = build_command(cfg, tmp_path / "run", "run-1234abcd", python="python")
+    assert cmd.argv[:3] == ["python", "-m", LAUNCHER]
+    settings, rest = NSRSettings.parse(cmd.argv[3:])
+    assert rest == cmd.openrlhf_argv  # the launcher hands OpenRLHF exactly openrlhf_argv
+    level = cfg.loss.level
+    assert settings.loss_config(cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.dual_clip, level) == cfg.loss
+    assert settings.advantage_config() == cfg.advantages
+    assert Path(settings.metrics_path) == tmp_path / "run" / "metrics.jsonl"
+    args = parse(cmd.openrlhf_argv)  # OpenRLHF's parser and every check of its __main__ block
+    assert_parsed_equals_config(args, cfg, tmp_path / "run", "run-1234abcd")
+    return args
+
+
+def test_the_parser_is_openrlhfs():
+    parser = build_parser()
+    assert len(parser._actions) > 150
+    with pytest.raises(CLIError, match="unrecognized arguments: --eps_clip"):  # pre-0.11 flat flags are gone
+        parse(["--eps_clip", "0.2"])
+
+
+@pytest.mark.parametrize("preset", CLUSTER)
+@pytest.mark.parametrize("rule", list(nsr.RULES))
+def test_every_preset_and_rule_is_accepted_by_openrlhf(preset, rule, tmp_path):
+    _check_command(_cfg(preset, _overrides_for(rule)), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["advantages.kind=no_std"],
+        ["advantages.kind=positive_only", "advantages.noise=0.5", "advantages.noise_mode=add"],
+        ["advantages.kind=random_reward"],
+        ["loss.dual_clip=3.0", "train.kl_coef=0.001", "seed=7"],
+        ["openrlhf.colocate_all=false", "openrlhf.dynamic_filtering=false", "openrlhf.overlong_buffer_len=0"],
+        ["train.epochs=2", "task.chat_template=false", "openrlhf.gradient_checkpointing=false"],
+    ],
+)
+def test_interventions_map_onto_openrlhf_flags(overrides, tmp_path):
+    _check_command(_cfg("qwen2.5-math-7b-dapo", overrides), tmp_path)
+
+
+def test_presets_give_many_optimizer_steps_per_rollout():
+    from experiments.openrlhf.argv import optimizer_steps_per_rollout
+
+    assert [optimizer_steps_per_rollout(_cfg(p)) for p in CLUSTER] == [16, 16, 8]
+
+
+REFUSALS = [
+    (["openrlhf.train_batch_size=8192"], r"one optimizer step per rollout.*8192 / 8192 x 1 = 1\)"),
+    (["train.minibatches=4"], "train.minibatches=4 does not match.*allowed: train.minibatches=16"),
+    (["openrlhf.train_batch_size=500"], "openrlhf.train_batch_size=500 is not valid; allowed: a divisor"),
+    (["openrlhf.micro_train_batch_size=128"], "not valid for DeepSpeed"),
+    (["openrlhf.vllm_engines=4"], "must equal nodes x gpus_per_node = 8"),
+    (["loss.level=sequence"], "train.agg_mode='token-mean' is not valid with loss.level='sequence'"),
+    (["openrlhf.extra_args=[--actor.adam.lr, '1e-5']"], "extra_args sets --actor.adam.lr"),
+    (["openrlhf.extra_args=[--nsr.rule, nsr]"], "OpenRLHF flags only"),
+    (["task.train_data=''"], "task.train_data='' is not valid"),
+    (["openrlhf.overlong_buffer_len=3072"], "overlong_buffer_len=3072 is not valid"),
+]
+
+
+@pytest.mark.parametrize("overrides,match", REFUSALS)
+def test_refusals_name_the_keys(overrides, match, tmp_path):
+    cfg = _cfg("qwen2.5-math-7b-dapo", overrides)
+    with pytest.raises(ConfigError, match=match):
+        build_command(cfg, tmp_path, "x")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_tiny_configs_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="backend='tiny' is not valid here; allowed: openrlhf"):
+        build_command(RunConfig(), tmp_path, "x")
+
+
+def test_allow_on_policy_lets_one_step_through(tmp_path):
+    cfg = _cfg(
+        "qwen2.5-math-7b-dapo",
+        ["openrlhf.train_batch_size=8192", "train.minibatches=1", "train.epochs=1", "train.allow_on_policy=true"],
+    )
+    args = _check_command(cfg, tmp_path)
+    assert args.train.batch_size == 8192
+
+
+def test_extra_args_reach_openrlhf(tmp_path):
+    cfg = _cfg("qwen3-30b-a3b-gspo")
+    assert _check_command(cfg, tmp_path).actor.aux_loss_coef == 0.001
+
+
+def test_openrlhf_still_refuses_what_its_own_checks_refuse(tmp_path):
+    cfg = _cfg("qwen2.5-math-7b-dapo", ["openrlhf.extra_args=[--train.partial_rollout_enable]"])
+    with pytest.raises(CLIError, match="partial_rollout_enable requires --train.async_enable"):
+        parse(build_command(cfg, tmp_path, "x").openrlhf_argv)
