@@ -1,0 +1,68 @@
+"""The submitit job: run one grid point into its run folder; checkpointable, so requeue resumes it.
+
+A job carries the resolved config (not the sweep file), so editing a sweep after submitting changes nothing that is
+already queued. The run folder is the checkpoint: ``experiments.run.run`` resumes an unfinished folder of the same
+config, so ``checkpoint()`` only has to resubmit the same job. SLURM events and what the folder then says:
+
+- ``scancel``: SIGTERM -> ``experiments.run.Cancelled`` -> status ``cancelled`` (files are written atomically).
+- ``scontrol requeue`` / node failure with requeue: same SIGTERM, then the job starts again and resumes.
+- preemption or time limit: submitit's USR2 handler calls :meth:`RunJob.checkpoint`, requeues the job and exits;
+  the folder is set to ``cancelled`` ("requeued") and the next start resumes it.
+- an exception in the run: status ``failed`` with the traceback, and the job fails (submitit ``FailedJobError``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import submitit
+
+REQUEUED = "requeued by submitit after preemption or time limit; the next start resumes this folder"
+
+
+@dataclass
+class RunJob:
+    """Run ``config`` (RunConfig as a dict) into ``out``; called by submitit on each task of the allocation."""
+
+    config: dict[str, Any]
+    run_id: str
+    out: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment defaults for the run (NSR_THREADS = the task's CPUs); variables already set win."""
+    _requeued: bool = field(default=False, repr=False)
+
+    def __call__(self) -> dict:
+        from experiments.config import from_dict
+        from experiments.run import run
+        from experiments.rundir import RunDir, RunExistsError
+
+        for key, value in self.env.items():
+            os.environ.setdefault(key, value)
+        cfg = from_dict(self.config, source=f"job {self.run_id}")
+        rd = RunDir(self.out)
+
+        def go() -> dict:
+            try:
+                return run(cfg, self.out, run_id=self.run_id, meta=self.meta, progress=False)
+            except RunExistsError:
+                if rd.state() == "done":  # finished by an earlier attempt of this job: nothing to do
+                    return rd.status()
+                raise
+            except SystemExit:
+                if self._requeued:  # submitit's USR2 handler exits after requeueing: not a failure
+                    rd.set_status("cancelled", error=REQUEUED)
+                raise
+
+        if cfg.backend == "openrlhf" and cfg.openrlhf.nodes > 1:
+            from slurm.ray_cluster import on_ray_cluster
+
+            return on_ray_cluster(go, done_file=os.path.join(self.out, ".ray_done"))
+        return go()
+
+    def checkpoint(self) -> submitit.helpers.DelayedSubmission:
+        """Called by submitit on USR2 (preemption, time limit): requeue the same job; the folder holds the state."""
+        self._requeued = True
+        return submitit.helpers.DelayedSubmission(RunJob(self.config, self.run_id, self.out, self.meta, self.env))

@@ -1,0 +1,409 @@
+"""Submit a sweep: one submitit job array per preset, each task runs one grid point into its run folder.
+
+    python -m slurm.submit sweeps/delta.yaml --dry-run                 # list runs, their overrides and the plan
+    python -m slurm.submit delta                                       # the whole grid on the sweep's preset
+    python -m slurm.submit delta --preset tiny --max-parallel 2        # the CPU testbed version, 2 at a time
+    python -m slurm.submit delta --only nsr-delta0.2-s0-3f2a9c1e       # rerun one (see --dry-run for ids)
+    python -m slurm.submit delta --preset tiny-smoke --cluster local   # no SLURM: local processes, waits
+    python -m slurm.status delta                                       # where each run is
+
+Every run of the sweep is expanded and validated (sweeps.expand) and the site file is checked before anything is
+submitted. Run folders (results/runs/<sweep>/<run_id>, or --out-root) decide what is sent:
+done -> skipped; failed -> skipped unless --retry-failed; a run whose recorded job is still queued or running ->
+skipped; anything else (new, cancelled, a ``running`` folder whose job is gone) -> submitted, and it resumes from
+its folder. Each submitted folder gets ``slurm.json`` (job id, cluster, log folder) so the next submission and
+``slurm.status`` know which job owns it. Resources per preset come from slurm/cluster.yaml (--site). Jobs are
+checkpointable: on preemption or time limit submitit requeues them and they resume (slurm/jobs.py).
+``--cluster local`` runs the jobs as local processes (at most --max-parallel at once) and ``debug`` in this process;
+both wait for the results. Logs: logs/submitit/<sweep>/ (--log-dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from experiments.config import ConfigError
+from experiments.rundir import REPO_ROOT, RunDir, atomic_write_text
+from slurm import queue
+from slurm.jobs import RunJob
+from sweeps import RunSpec, SweepError, expand, sweep_path
+
+RUNS_ROOT = REPO_ROOT / "results" / "runs"
+LOG_ROOT = REPO_ROOT / "logs" / "submitit"
+SITE_FILE = Path(__file__).resolve().parent / "cluster.yaml"
+CLUSTERS = ("slurm", "local", "debug")
+RECORD = "slurm.json"
+SITE_KEYS = {
+    "partition": (str, type(None)),
+    "account": (str, type(None)),
+    "qos": (str, type(None)),
+    "constraint": (str, type(None)),
+    "nodes": int,
+    "gpus_per_node": int,
+    "cpus_per_task": int,
+    "mem_gb": (int, float),
+    "time_min": int,
+    "setup": list,
+    "array_parallelism": int,
+}
+_MINIMUM = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 0.1, "time_min": 2, "array_parallelism": 1}
+
+
+# ---------------------------------------------------------------- site file
+def load_site(path: str | Path | None = None) -> dict[str, Any]:
+    """{"default": {...}, "presets": {name: {...}}} from slurm/cluster.yaml (or ``path`` / $NSR_SLURM_SITE)."""
+    path = Path(path or os.environ.get("NSR_SLURM_SITE") or SITE_FILE)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such site file (slurm/cluster.yaml)") from None
+    if not isinstance(data, dict) or set(data) - {"default", "presets"}:
+        raise ConfigError(f"{path}: top-level keys allowed: default, presets")
+    presets = data.get("presets") or {}
+    if not isinstance(presets, dict):
+        raise ConfigError(f"{path}: presets must be a mapping {{preset name: settings}}")
+    for where, entry in [("default", data.get("default") or {})] + [(f"presets.{k}", v) for k, v in presets.items()]:
+        _check_site_entry(path, where, entry)
+    return {"path": path, "default": data.get("default") or {}, "presets": presets}
+
+
+def _check_site_entry(path: Path, where: str, entry) -> None:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{path}: {where} must be a mapping; allowed keys: {', '.join(SITE_KEYS)}")
+    for k, v in entry.items():
+        if k not in SITE_KEYS:
+            raise ConfigError(f"{path}: {where}: unknown key {k!r}; allowed: {', '.join(SITE_KEYS)}")
+        ok = isinstance(v, SITE_KEYS[k]) and not isinstance(v, bool)
+        if ok and k in _MINIMUM:
+            ok = v >= _MINIMUM[k]
+        if ok and k == "setup":
+            ok = all(isinstance(line, str) for line in v)
+        if not ok:
+            allowed = "a list of shell lines" if k == "setup" else f">= {_MINIMUM[k]}" if k in _MINIMUM else "a string"
+            raise ConfigError(f"{path}: {where}.{k}={v!r} is not valid; allowed: {allowed}")
+
+
+def resources(site: dict, preset: str, spec: RunSpec) -> dict[str, Any]:
+    """The resources of one run of ``preset``: the site's default, then its preset entry, then the config's nodes."""
+    res = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2, "time_min": 60, "setup": []}
+    res.update(site["default"])
+    res.update(site["presets"].get(preset, {}))
+    cfg = spec.config
+    if cfg.backend == "openrlhf":
+        for key, want in (("nodes", cfg.openrlhf.nodes), ("gpus_per_node", cfg.openrlhf.gpus_per_node)):
+            given = site["presets"].get(preset, {}).get(key, site["default"].get(key))
+            if given is not None and given != want:
+                raise ConfigError(
+                    f"{site['path']}: {key}={given} for preset {preset!r}, but its config has openrlhf.{key}={want}; "
+                    f"allowed: {want} (or leave {key} out of the site file)"
+                )
+            res[key] = want
+    return res
+
+
+# ---------------------------------------------------------------- plan
+@dataclass
+class Decision:
+    spec: RunSpec
+    out: Path
+    submit: bool
+    reason: str
+
+
+def _locked(path: Path) -> bool:
+    """True if a process holds the run folder's lock (experiments.run is running it on this machine)."""
+    lock = path / ".lock"
+    if not lock.exists():
+        return False
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
+def read_record(out: Path) -> dict:
+    try:
+        return json.loads((out / RECORD).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def job_of(out: Path) -> str | None:
+    """The SLURM job id that owns a run folder: from slurm.json, else from status.json's SLURM variables."""
+    rec = read_record(out)
+    if rec.get("cluster") == "slurm" and rec.get("job_id"):
+        return str(rec["job_id"])
+    st = RunDir(out).status() or {}
+    if st.get("slurm_array_job_id") and st.get("slurm_array_task_id"):
+        return f"{st['slurm_array_job_id']}_{st['slurm_array_task_id']}"
+    return st.get("slurm_job_id")
+
+
+def plan(specs: list[RunSpec], out_root: Path, retry_failed: bool, live: dict[str, str] | None) -> list[Decision]:
+    """What to do with each run. ``live`` = {job id: state} of queued/running jobs (None: not known)."""
+    out = []
+    for spec in specs:
+        folder = out_root / spec.sweep / spec.run_id
+        state = RunDir(folder).state()
+        job = job_of(folder)
+        if state == "done":
+            out.append(Decision(spec, folder, False, "done"))
+        elif state == "failed" and not retry_failed:
+            out.append(Decision(spec, folder, False, "failed (--retry-failed reruns it)"))
+        elif job and live is not None and job in live:
+            out.append(Decision(spec, folder, False, f"job {job} is {live[job]}"))
+        elif _locked(folder):
+            out.append(Decision(spec, folder, False, "running here (its folder is locked)"))
+        elif state is None and not job:
+            out.append(Decision(spec, folder, True, "new"))
+        elif state is None:
+            out.append(Decision(spec, folder, True, f"job {job} left the queue before starting"))
+        elif state == "failed":
+            out.append(Decision(spec, folder, True, "failed, retrying"))
+        else:
+            gone = f", job {job} gone" if job else ""
+            out.append(Decision(spec, folder, True, f"{state}{gone}: resumes"))
+    return out
+
+
+# ---------------------------------------------------------------- submission
+@dataclass
+class Submission:
+    sweep: str
+    decisions: list[Decision]
+    jobs: list = field(default_factory=list)
+    """submitit Jobs, aligned with the submitted decisions."""
+    arrays: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def submitted(self) -> list[Decision]:
+        return [d for d in self.decisions if d.submit]
+
+
+def _params(res: dict, name: str, max_parallel: int | None) -> dict[str, Any]:
+    setup = [f'export PYTHONPATH="{REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"', *res.get("setup", [])]
+    params = {
+        "name": name,
+        "timeout_min": res["time_min"],
+        "nodes": res["nodes"],
+        "tasks_per_node": 1,
+        "cpus_per_task": res["cpus_per_task"],
+        "mem_gb": res["mem_gb"],
+        "slurm_setup": setup,
+        "slurm_array_parallelism": max_parallel or res.get("array_parallelism") or 256,
+    }
+    if res["gpus_per_node"]:
+        params["gpus_per_node"] = res["gpus_per_node"]
+    for key in ("partition", "account", "qos", "constraint"):
+        if res.get(key):
+            params[f"slurm_{key}"] = res[key]
+    return params
+
+
+@contextlib.contextmanager
+def _pythonpath() -> Iterator[None]:
+    """Local jobs inherit this process's environment: make the repo importable in them."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def _job(d: Decision, res: dict) -> RunJob:
+    env = {"NSR_THREADS": str(res["cpus_per_task"])}
+    return RunJob(d.spec.config.to_dict(), d.spec.run_id, str(d.out), dict(d.spec.meta), env)
+
+
+def _record(d: Decision, job, cluster: str, log_dir: Path) -> None:
+    d.out.mkdir(parents=True, exist_ok=True)
+    rec = {"job_id": str(job.job_id), "cluster": cluster, "submitted": time.time(), "log_dir": str(log_dir)}
+    atomic_write_text(d.out / RECORD, json.dumps(rec, indent=1) + "\n")
+
+
+def submit(
+    sweep: str | Path,
+    *,
+    preset: str | None = None,
+    cluster: str = "slurm",
+    only: list[str] | None = None,
+    dry_run: bool = False,
+    retry_failed: bool = False,
+    max_parallel: int | None = None,
+    out_root: str | Path | None = None,
+    log_dir: str | Path | None = None,
+    site: str | Path | None = None,
+    presets_dir: str | Path | None = None,
+) -> Submission:
+    """Expand, validate, plan and (unless ``dry_run``) submit a sweep. Raises ConfigError before submitting anything.
+
+    With ``cluster`` local or debug this waits for the jobs; with slurm it returns once they are queued.
+    """
+    if cluster not in CLUSTERS:
+        raise ConfigError(f"cluster={cluster!r} is not valid; allowed: {', '.join(CLUSTERS)}")
+    if max_parallel is not None and max_parallel < 1:
+        raise ConfigError(f"max_parallel={max_parallel} is not valid; allowed: >= 1")
+    specs = expand(sweep, preset=preset, presets_dir=Path(presets_dir) if presets_dir else None)
+    if only:
+        ids = {s.run_id for s in specs}
+        missing = [r for r in only if r not in ids]
+        if missing:
+            where = f" with --preset {preset}" if preset else ""
+            raise SweepError(
+                f"{sweep_path(sweep)}: --only {missing[0]!r} is not a run of this sweep{where}; "
+                f"list them with: python -m slurm.submit {sweep} --dry-run{' --preset ' + preset if preset else ''}"
+            )
+        specs = [s for s in specs if s.run_id in set(only)]
+    site_cfg = load_site(site)
+    groups: dict[str, list[RunSpec]] = {}
+    for s in specs:
+        groups.setdefault(s.meta["preset"], []).append(s)
+    res_of = {p: resources(site_cfg, p, group[0]) for p, group in groups.items()}
+    for p, group in groups.items():  # every run of a preset must fit the same allocation
+        for s in group[1:]:
+            if resources(site_cfg, p, s) != res_of[p]:
+                raise ConfigError(f"{s.run_id}: needs other resources than the rest of preset {p!r} (nodes, GPUs)")
+
+    live = None
+    sub = Submission(specs[0].sweep if specs else Path(sweep).stem, [])
+    if cluster == "slurm" or queue.available():
+        try:
+            live = queue.live_jobs()
+        except queue.QueueError as e:
+            if cluster == "slurm" and not dry_run:
+                raise
+            sub.notes.append(f"queue not checked ({e})")
+    root = Path(out_root) if out_root else RUNS_ROOT
+    sub.decisions = plan(specs, root, retry_failed, live)
+    if dry_run or not sub.submitted:
+        return sub
+
+    import submitit
+
+    logs = Path(log_dir) if log_dir else LOG_ROOT / sub.sweep
+    for p in groups:
+        todo = [d for d in sub.submitted if d.spec.meta["preset"] == p]
+        if not todo:
+            continue
+        ex = submitit.AutoExecutor(folder=logs / "%j", cluster=cluster)
+        ex.update_parameters(**_params(res_of[p], f"nsr-{sub.sweep}", max_parallel))
+        if cluster == "slurm":
+            with ex.batch():
+                jobs = [ex.submit(_job(d, res_of[p])) for d in todo]
+            sub.arrays.append(f"{jobs[0].job_id.split('_')[0]} ({p}, {len(jobs)} runs)")
+            for d, j in zip(todo, jobs):
+                _record(d, j, cluster, logs)
+            sub.jobs += jobs
+        else:
+            sub.jobs += _run_here(ex, todo, res_of[p], cluster, logs, max_parallel)
+    return sub
+
+
+def _run_here(ex, todo: list[Decision], res: dict, cluster: str, logs: Path, max_parallel: int | None) -> list:
+    """local: processes, at most ``max_parallel`` at once; debug: one after the other in this process. Waits."""
+    width = max_parallel or (1 if cluster == "debug" else os.cpu_count() or 1)
+    jobs, running = [], []
+    with _pythonpath():
+        for d in todo:
+            while len(running) >= width:
+                running = [j for j in running if not j.done()]
+                time.sleep(0.2)
+            j = ex.submit(_job(d, res))
+            _record(d, j, cluster, logs)
+            jobs.append(j)
+            running.append(j)
+            if cluster == "debug":
+                _wait(j)
+        for j in jobs:
+            _wait(j)
+    return jobs
+
+
+def _wait(job) -> None:
+    with contextlib.suppress(Exception):  # a failing run is reported from its folder, not raised here
+        job.result()
+
+
+# ---------------------------------------------------------------- CLI
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m slurm.submit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("sweep", help="sweep file or name (sweeps/delta.yaml or delta)")
+    p.add_argument("--preset", help="replace the sweep's preset (e.g. tiny, tiny-smoke)")
+    p.add_argument("--cluster", default="slurm", choices=CLUSTERS, help="slurm (default), local processes, debug")
+    p.add_argument("--only", nargs="+", metavar="RUN_ID", help="submit only these runs")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and what would be done; submit nothing")
+    p.add_argument("--retry-failed", action="store_true", help="also resubmit failed runs")
+    p.add_argument("--max-parallel", type=int, metavar="N", help="at most N runs of the array at once")
+    p.add_argument("--out-root", help="root of the run folders (default results/runs)")
+    p.add_argument("--log-dir", help="submitit logs (default logs/submitit/<sweep>)")
+    p.add_argument("--site", help="site file (default slurm/cluster.yaml or $NSR_SLURM_SITE)")
+    return p
+
+
+def _overrides_text(spec: RunSpec) -> str:
+    return " ".join(f"{k}={v}" for k, v in spec.overrides.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        sub = submit(
+            args.sweep,
+            preset=args.preset,
+            cluster=args.cluster,
+            only=args.only,
+            dry_run=args.dry_run,
+            retry_failed=args.retry_failed,
+            max_parallel=args.max_parallel,
+            out_root=args.out_root,
+            log_dir=args.log_dir,
+            site=args.site,
+        )
+    except (ConfigError, queue.QueueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    width = max((len(d.spec.run_id) for d in sub.decisions), default=0)
+    for d in sub.decisions:
+        verb = ("would submit" if args.dry_run else "submit") if d.submit else "skip"
+        print(f"{verb:12s} {d.spec.run_id:{width}s}  {d.reason}")
+        if args.dry_run:
+            print(f"{'':12s} {'':{width}s}  preset {d.spec.meta['preset']}: {_overrides_text(d.spec)}")
+    for note in sub.notes:
+        print(f"note: {note}")
+    n_sub, n_skip = len(sub.submitted), len(sub.decisions) - len(sub.submitted)
+    if args.dry_run:
+        print(f"dry run: {len(sub.decisions)} runs, {n_sub} would be submitted, {n_skip} skipped")
+        return 0
+    arrays = f" as job array {', '.join(sub.arrays)}" if sub.arrays else ""
+    print(f"submitted {n_sub} runs{arrays} ({args.cluster}); skipped {n_skip}")
+    if args.cluster != "slurm":
+        states = [RunDir(d.out).state() for d in sub.submitted]
+        print("finished: " + ", ".join(f"{s}={states.count(s)}" for s in sorted(set(map(str, states)))))
+        return 0 if all(s == "done" for s in states) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
