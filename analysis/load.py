@@ -1,0 +1,417 @@
+"""Run folders -> tidy pandas frames (design.md, "Run directory contract").
+
+    from analysis.load import load_runs
+    rs = load_runs("results/runs")          # every results/runs/<sweep>/<run_id>/
+    rs.runs      # one row per run folder: run, sweep, run_id, state, included, arm, label, seed, point, ...,
+                 #   and every RunConfig field as a dotted column (loss.rule, loss.delta, train.lr, ...)
+    rs.steps     # one row per (run, step) of metrics.jsonl (or OpenRLHF TensorBoard events): reward_mean, ...
+    rs.eval_samples()   # one row per eval sample: run, step, benchmark, problem_id, decoding, sample, correct
+    rs.eval_counts()    # per (run, step, benchmark, decoding, problem_id): n samples, c correct (what pass@k needs)
+    rs.issues    # what was wrong: failed / running / cancelled runs, missing files, truncated or corrupt lines
+
+Nothing here crashes on a bad folder: a missing config, a failed run, a truncated last line (a crash mid-write)
+or a corrupt line gives a :class:`RunWarning` and an entry in ``rs.issues``. Only runs whose state is in
+``states`` (default: done) enter ``steps`` and the eval frames; the others are listed, never silently mixed in.
+
+A run's ``label`` is its arm plus its grid point (``nsr delta=0.2``): the unit a table row or a curve stands for.
+Runs of one label differ only by seed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from experiments.rundir import REPO_ROOT
+
+RUNS_ROOT = REPO_ROOT / "results" / "runs"
+DONE_ONLY = ("done",)
+EVAL_COLUMNS = ("step", "benchmark", "problem_id", "decoding", "sample", "correct")
+COUNT_KEYS = ["run", "step", "benchmark", "decoding", "problem_id"]
+
+
+class RunWarning(UserWarning):
+    """A run folder that is incomplete, failed or partly unreadable (also recorded in ``RunSet.issues``)."""
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One thing wrong with one run folder."""
+
+    sweep: str
+    run_id: str
+    kind: str
+    """no_config | bad_config | no_status | running | failed | cancelled | unknown_state | no_metrics |
+    truncated | corrupt_lines | duplicate_steps | no_eval | bad_eval"""
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.sweep}/{self.run_id}: {self.kind}: {self.message}"
+
+
+@dataclass
+class RunSet:
+    """The loaded runs of one results folder (see the module docstring for the frames)."""
+
+    root: Path
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    issues: list[Issue] = field(default_factory=list)
+    _eval_files: dict[str, Path] = field(default_factory=dict, repr=False)
+    _counts: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def included(self) -> pd.DataFrame:
+        """The runs that enter the tables and figures."""
+        return self.runs[self.runs["included"]]
+
+    def sweeps(self) -> list[str]:
+        return sorted(self.runs["sweep"].unique())
+
+    def eval_samples(self) -> pd.DataFrame:
+        """Per-sample eval labels of the included runs: run, step, benchmark, problem_id (str), decoding, sample,
+        correct (0/1)."""
+        frames = []
+        for run, path in self._eval_files.items():
+            df = self._read_eval(run, path)
+            if df is not None and len(df):
+                df.insert(0, "run", run)
+                frames.append(df)
+        if not frames:
+            return pd.DataFrame({c: pd.Series(dtype=object) for c in ("run", *EVAL_COLUMNS)})
+        out = pd.concat(frames, ignore_index=True)
+        out["problem_id"] = out["problem_id"].astype(str)
+        return out
+
+    def eval_counts(self) -> pd.DataFrame:
+        """Per (run, step, benchmark, decoding, problem_id): ``n`` samples and ``c`` correct ones. Cached."""
+        if self._counts is None:
+            frames = []
+            for run, path in self._eval_files.items():
+                df = self._read_eval(run, path)
+                if df is None or not len(df):
+                    continue
+                g = df.groupby(COUNT_KEYS[1:], sort=True)["correct"].agg(n="size", c="sum").reset_index()
+                g.insert(0, "run", run)
+                g["problem_id"] = g["problem_id"].astype(str)
+                frames.append(g)
+            cols = {c: pd.Series(dtype=object) for c in COUNT_KEYS} | {"n": pd.Series(dtype="int64")}
+            self._counts = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(cols | {"c": cols["n"]})
+        return self._counts
+
+    def _read_eval(self, run: str, path: Path) -> pd.DataFrame | None:
+        sweep, run_id = run.split("/", 1)
+        try:
+            df, bad = read_eval(path)
+        except (OSError, ValueError) as e:
+            self._issue(Issue(sweep, run_id, "bad_eval", f"{path.name} unreadable: {e}"))
+            return None
+        for kind, msg in bad:
+            self._issue(Issue(sweep, run_id, kind, f"{path.name}: {msg}"))
+        return df
+
+    def _issue(self, issue: Issue) -> None:
+        if issue not in self.issues:
+            self.issues.append(issue)
+            warnings.warn(str(issue), RunWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------------------------- readers
+def read_rows(path: Path) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Rows of a JSON-lines file (plain or .gz), never raising on bad content.
+
+    Returns:
+        (rows, problems); problems are (kind, message): ``truncated`` when the last line (or the gzip stream) is
+        cut short, ``corrupt_lines`` when lines in the middle do not parse (they are skipped).
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    problems: list[tuple[str, str]] = []
+    chunks = []
+    try:
+        with opener(path, "rt") as f:
+            while True:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        problems.append(("truncated", f"compressed stream cut short ({e}); kept the lines before"))
+    lines = "".join(chunks).split("\n")
+    rows, bad = [], []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            bad.append(i)
+    last = len(lines) - 1 if lines[-1].strip() else len(lines) - 2
+    if bad and bad[-1] == last:
+        problems.append(("truncated", "last line cut short (a crash mid-write); dropped"))
+        bad = bad[:-1]
+    if bad:
+        problems.append(("corrupt_lines", f"{len(bad)} unparsable line(s) skipped (first: line {bad[0] + 1})"))
+    return rows, problems
+
+
+def read_eval(path: Path) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """eval.jsonl(.gz) -> frame with EVAL_COLUMNS (extra fields dropped) and the problems found.
+
+    The fast path parses with pyarrow (installed with ``datasets``; ~3x faster than json.loads); a file it cannot
+    parse (a truncated or corrupt line, NaN) goes through :func:`read_rows`, which reports what was wrong.
+    """
+    try:
+        import pyarrow.json as pj
+
+        table = pj.read_json(str(path))
+        df = table.select([c for c in EVAL_COLUMNS if c in table.column_names]).to_pandas()
+        problems: list[tuple[str, str]] = []
+    except Exception:  # noqa: BLE001 - any pyarrow parse failure: the robust reader says what is wrong
+        rows, problems = read_rows(path)
+        df = pd.DataFrame(rows)
+    missing = [c for c in ("step", "problem_id", "correct") if c not in df.columns]
+    if len(df) and missing:
+        raise ValueError(f"rows lack the field(s) {', '.join(missing)}; expected {', '.join(EVAL_COLUMNS)}")
+    if "benchmark" not in df.columns:
+        df["benchmark"] = "eval"
+    if "decoding" not in df.columns:
+        df["decoding"] = "sampled"
+    if "sample" not in df.columns:
+        df["sample"] = 0
+    if len(df):
+        df["correct"] = df["correct"].astype(float).round().astype("int64")
+        df["step"] = df["step"].astype("int64")
+    return df[[c for c in EVAL_COLUMNS if c in df.columns]], problems
+
+
+# ---------------------------------------------------------------------------------------------- folders
+def find_run_dirs(root: Path) -> list[Path]:
+    """Run folders under ``root``: ``root/<sweep>/<run_id>/``; ``root`` may also be one sweep or one run folder.
+    Folders whose name starts with ``_`` or ``.`` (scratch) are skipped."""
+
+    def is_run(p: Path) -> bool:
+        return any((p / f).exists() for f in ("config.yaml", "status.json", "metrics.jsonl"))
+
+    def visible(p: Path) -> bool:
+        return p.is_dir() and not p.name.startswith(("_", "."))
+
+    if is_run(root):
+        return [root]
+    children = sorted(p for p in root.iterdir() if visible(p)) if root.is_dir() else []
+    if children and any(is_run(c) for c in children):
+        return [c for c in children if is_run(c)]
+    return [r for c in children for r in sorted(r for r in c.iterdir() if visible(r) and is_run(r))]
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"loss": {"rule": "nsr"}} -> {"loss.rule": "nsr"}; lists become tuples (hashable columns)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def make_label(arm: str, point: dict) -> str:
+    """``arm`` plus the grid point's values keyed by the last part of each dotted key: ``nsr delta=0.2``."""
+    parts = [f"{k.rsplit('.', 1)[-1]}={_fmt(v)}" for k, v in sorted(point.items()) if k != "seed"]
+    return " ".join([arm, *parts])
+
+
+def _state(status: dict | None) -> str:
+    if status is None:
+        return "missing"
+    return str(status.get("state", "unknown"))
+
+
+def _read_status(path: Path) -> dict | None:
+    try:
+        return json.loads((path / "status.json").read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, OSError):
+        return {"state": "unknown"}
+
+
+def _tensorboard_rows(path: Path) -> list[dict] | None:
+    if not any(path.rglob("events.out.tfevents.*")):
+        return None
+    from experiments.openrlhf.metrics import rows_from_tensorboard
+
+    return rows_from_tensorboard(path)
+
+
+def _steps_frame(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    if "step" not in df.columns:
+        return pd.DataFrame()
+    df = df[pd.to_numeric(df["step"], errors="coerce").notna()]
+    df = df.astype({"step": "int64"})
+    for col in df.columns:
+        if col != "step" and df[col].dtype == object:
+            conv = pd.to_numeric(df[col], errors="coerce")
+            if conv.notna().sum() == df[col].notna().sum():  # all values numeric (None -> NaN)
+                df[col] = conv
+    if "clip_frac" not in df.columns and {"clip_frac_low", "clip_frac_high"} <= set(df.columns):
+        df["clip_frac"] = df["clip_frac_low"] + df["clip_frac_high"]
+    return df
+
+
+def load_runs(
+    root: str | Path = RUNS_ROOT, *, sweeps: list[str] | None = None, states: tuple[str, ...] = DONE_ONLY
+) -> RunSet:
+    """Load every run folder under ``root``.
+
+    Args:
+        root: a results folder (``<root>/<sweep>/<run_id>/``), one sweep folder, or one run folder.
+        sweeps: keep only these sweep names (None: all).
+        states: run states whose data enter ``steps`` and the eval frames (e.g. ``("done", "running")`` to look
+            at live runs); the rest are listed in ``runs`` with ``included = False`` and in ``issues``.
+    """
+    root = Path(root)
+    issues: list[Issue] = []
+
+    def issue(sweep, run_id, kind, msg):
+        it = Issue(sweep, run_id, kind, msg)
+        issues.append(it)
+        warnings.warn(str(it), RunWarning, stacklevel=3)
+
+    records, step_frames, eval_files = [], [], {}
+    for path in find_run_dirs(root):
+        sweep_dir = path.parent.name if path != root else "adhoc"
+        run_id = path.name
+        try:
+            config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+            if not isinstance(config, dict):
+                raise ValueError("top level is not a mapping")
+        except FileNotFoundError:
+            issue(sweep_dir, run_id, "no_config", "no config.yaml; folder skipped")
+            continue
+        except (yaml.YAMLError, ValueError) as e:
+            issue(sweep_dir, run_id, "bad_config", f"config.yaml unreadable ({e}); folder skipped")
+            continue
+        meta = config.pop("meta", None) or {}
+        config.pop("preset", None)
+        sweep = meta.get("sweep") or sweep_dir
+        if sweeps is not None and sweep not in sweeps:
+            continue
+        run_id = meta.get("run_id") or run_id
+        run = f"{sweep}/{run_id}"
+        status = _read_status(path)
+        state = _state(status)
+        included = state in states
+        if state == "missing":
+            issue(sweep, run_id, "no_status", "no status.json (never started, or not a run folder)")
+        elif state in ("running", "failed", "cancelled"):
+            err = (status or {}).get("error")
+            issue(
+                sweep,
+                run_id,
+                state,
+                f"state {state}" + (f": {err}" if err else "") + ("" if included else "; excluded"),
+            )
+        elif state != "done":
+            issue(sweep, run_id, "unknown_state", f"status.json has state {state!r}")
+
+        flat = flatten(config)
+        point = dict(meta.get("point") or {})
+        arm = meta.get("arm") or flat.get("loss.rule", "run")
+        seed = meta.get("seed", flat.get("seed"))
+        rec = {
+            "run": run,
+            "sweep": sweep,
+            "run_id": run_id,
+            "path": str(path),
+            "state": state,
+            "included": included,
+            "arm": arm,
+            "label": make_label(arm, point),
+            "seed": seed,
+            "baseline": meta.get("baseline"),
+            "point": point,
+            "error": (status or {}).get("error"),
+            **flat,
+            **{f"meta.{k}": v for k, v in flatten(meta).items() if k not in ("sweep", "arm", "seed", "baseline")},
+        }
+
+        steps = pd.DataFrame()
+        if (path / "metrics.jsonl").exists():
+            rows, probs = read_rows(path / "metrics.jsonl")
+            for kind, msg in probs:
+                issue(sweep, run_id, kind, f"metrics.jsonl: {msg}")
+            steps = _steps_frame(rows)
+        else:
+            tb = _tensorboard_rows(path)
+            if tb is None:
+                if state != "missing":
+                    issue(sweep, run_id, "no_metrics", "no metrics.jsonl and no TensorBoard events")
+            else:
+                steps = _steps_frame(tb)
+                rec["metrics_source"] = "tensorboard"
+        if len(steps):
+            dup = steps["step"].duplicated(keep="last")
+            if dup.any():
+                issue(sweep, run_id, "duplicate_steps", f"{int(dup.sum())} repeated step(s); kept the last of each")
+                steps = steps[~dup]
+            steps = steps.sort_values("step", kind="stable")
+        rec["n_steps"] = len(steps)
+        rec["last_step"] = int(steps["step"].max()) if len(steps) else -1
+        eval_path = next((path / f for f in ("eval.jsonl.gz", "eval.jsonl") if (path / f).exists()), None)
+        rec["has_eval"] = eval_path is not None
+        if included and eval_path is None and state == "done":
+            issue(sweep, run_id, "no_eval", "no eval.jsonl(.gz): pass@k columns are empty for this run")
+        records.append(rec)
+        if included:
+            if len(steps):
+                steps.insert(0, "run", run)
+                step_frames.append(steps)
+            if eval_path is not None:
+                eval_files[run] = eval_path
+
+    runs = pd.DataFrame(records)
+    if not len(runs):
+        runs = pd.DataFrame(
+            {c: pd.Series(dtype=object) for c in ("run", "sweep", "run_id", "state", "arm", "label", "seed", "point")}
+            | {"included": pd.Series(dtype=bool)}
+        )
+    steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame({"run": [], "step": []})
+    return RunSet(root=root, runs=runs.reset_index(drop=True), steps=steps, issues=issues, _eval_files=eval_files)
+
+
+def status_report(rs: RunSet, expected: dict[str, list[str]] | None = None) -> dict[str, dict[str, list[str]]]:
+    """Per sweep: {"done": [...], "running": [...], "failed": [...], ..., "missing": [...]} run ids.
+
+    ``expected`` maps a sweep to the run ids its sweep file defines; ids with no folder are listed as missing.
+    """
+    out: dict[str, dict[str, list[str]]] = {}
+    for sweep, g in rs.runs.groupby("sweep", sort=True):
+        out[sweep] = {st: sorted(gg["run_id"]) for st, gg in g.groupby("state", sort=True)}
+    for sweep, ids in (expected or {}).items():
+        have = set(rs.runs.loc[rs.runs["sweep"] == sweep, "run_id"])
+        missing = sorted(set(ids) - have)
+        out.setdefault(sweep, {})
+        if missing:
+            out[sweep]["missing"] = missing
+    return out
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)

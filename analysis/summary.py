@@ -1,0 +1,184 @@
+"""One number per run and metric: the unit every table, the delta figure and the claims compare across seeds.
+
+    from analysis.load import load_runs
+    from analysis.summary import summarize
+    s = summarize(load_runs())      # one row per included run: run, sweep, label, arm, seed, point, + METRICS
+
+Training metrics come from metrics.jsonl, each a function of one run's step frame registered in ``STEP_METRICS``
+(the registry is the documentation: name -> definition). "Final" means the mean over the last ``FINAL_FRACTION``
+of the run's steps (at least one step), which smooths the per-step sampling noise of a single rollout.
+
+Eval metrics come from the per-sample labels of the run's last eval step: ``pass@k`` by the unbiased estimator
+for k in 1, 2, 4, ... up to the samples per problem (mean over problems, then over benchmarks), and ``greedy``
+(greedy-decoding accuracy); per-benchmark columns such as ``pass@1[aime24]`` come with them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import RunSet
+from analysis.stats import pass_at_k, pass_k_values
+from nsr.registry import Registry
+
+FINAL_FRACTION = 0.05
+ID_COLUMNS = ["run", "sweep", "run_id", "label", "arm", "seed", "baseline", "point"]
+STEP_METRICS: Registry = Registry("metric")
+
+
+def final_window(n: int) -> int:
+    """Steps averaged for a "final" value: the last 5% of ``n`` steps, at least one."""
+    return max(1, math.ceil(FINAL_FRACTION * n))
+
+
+def _col(df: pd.DataFrame, name: str) -> np.ndarray:
+    return df[name].to_numpy(dtype=np.float64) if name in df.columns else np.full(len(df), np.nan)
+
+
+def _final(x: np.ndarray) -> float:
+    return float(np.nanmean(x[-final_window(len(x)) :])) if np.isfinite(x).any() else float("nan")
+
+
+def _smooth(x: np.ndarray) -> np.ndarray:
+    """Trailing moving average over the final window's length (NaN-aware)."""
+    w = final_window(len(x))
+    ok = np.isfinite(x)
+    cs = np.concatenate([[0.0], np.cumsum(np.where(ok, x, 0.0))])
+    cn = np.concatenate([[0], np.cumsum(ok)])
+    i = np.arange(len(x))
+    lo = np.maximum(0, i + 1 - w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (cs[i + 1] - cs[lo]) / (cn[i + 1] - cn[lo])
+
+
+@STEP_METRICS.register("final_reward")
+def final_reward(df: pd.DataFrame) -> float:
+    """Training reward (reward_mean of the rollouts), mean over the final window."""
+    return _final(_col(df, "reward_mean"))
+
+
+@STEP_METRICS.register("best_reward")
+def best_reward(df: pd.DataFrame) -> float:
+    """Highest moving average of the training reward (window = final window)."""
+    s = _smooth(_col(df, "reward_mean"))
+    return float(np.nanmax(s)) if np.isfinite(s).any() else float("nan")
+
+
+@STEP_METRICS.register("reward_drop")
+def reward_drop(df: pd.DataFrame) -> float:
+    """best_reward - final_reward: how far a run fell from its best (a collapse shows as a large drop)."""
+    return best_reward(df) - final_reward(df)
+
+
+@STEP_METRICS.register("reward_auc")
+def reward_auc(df: pd.DataFrame) -> float:
+    """Mean training reward over all steps: for runs of equal length, higher = converges faster."""
+    x = _col(df, "reward_mean")
+    return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
+
+
+@STEP_METRICS.register("final_entropy")
+def final_entropy(df: pd.DataFrame) -> float:
+    """Mean token entropy of the policy, mean over the final window."""
+    return _final(_col(df, "entropy"))
+
+
+@STEP_METRICS.register("entropy_spike")
+def entropy_spike(df: pd.DataFrame) -> float:
+    """Largest rise of the (moving-average) entropy above its running minimum: 0 for a monotone collapse, large
+    when entropy rebounds (the spikes the paper says NSR avoids)."""
+    s = _smooth(_col(df, "entropy"))
+    if not np.isfinite(s).any():
+        return float("nan")
+    run_min = np.fmin.accumulate(s)
+    return float(np.nanmax(s - run_min))
+
+
+def _mean_metric(name: str):
+    def fn(df: pd.DataFrame) -> float:
+        x = _col(df, name)
+        return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
+
+    fn.__doc__ = f"Mean of {name} over all steps."
+    return fn
+
+
+for _name in ("clip_frac", "clip_frac_low", "clip_frac_high", "rescue_frac", "pushout_frac", "response_len"):
+    STEP_METRICS.register(_name)(_mean_metric(_name))
+
+
+@STEP_METRICS.register("final_response_len")
+def final_response_len(df: pd.DataFrame) -> float:
+    """Response length in tokens, mean over the final window."""
+    return _final(_col(df, "response_len"))
+
+
+# ------------------------------------------------------------------------------------------------ eval
+def eval_curves(counts: pd.DataFrame) -> pd.DataFrame:
+    """Per (run, step, benchmark): pass@k for every k the sample count allows (sampled decoding) and greedy
+    accuracy. Columns: run, step, benchmark, pass@1, pass@2, ..., greedy."""
+    if not len(counts):
+        return pd.DataFrame(columns=["run", "step", "benchmark"])
+    keys = ["run", "step", "benchmark"]
+    parts = []
+    sampled = counts[counts["decoding"] == "sampled"]
+    if len(sampled):
+        n_max = int(sampled["n"].max())
+        n, c = sampled["n"].to_numpy(), sampled["c"].to_numpy()
+        cols = {f"pass@{k}": pass_at_k(n, c, k) for k in pass_k_values(n_max)}
+        per_problem = pd.concat([sampled[keys].reset_index(drop=True), pd.DataFrame(cols)], axis=1)
+        parts.append(per_problem.groupby(keys, sort=True).mean())  # NaN (n < k) problems are skipped
+    greedy = counts[counts["decoding"] == "greedy"]
+    if len(greedy):
+        acc = (greedy["c"] / greedy["n"]).rename("greedy")
+        parts.append(pd.concat([greedy[keys], acc], axis=1).groupby(keys, sort=True).mean())
+    return pd.concat(parts, axis=1).reset_index()
+
+
+def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
+    """Per run: eval metrics at its last eval step, averaged over benchmarks, plus ``metric[benchmark]`` columns
+    per benchmark; ``eval_step`` is that step."""
+    if not len(curves):
+        return pd.DataFrame(columns=["run", "eval_step"])
+    last = curves.groupby("run")["step"].transform("max")
+    fin = curves[curves["step"] == last]
+    metrics = [c for c in fin.columns if c not in ("run", "step", "benchmark")]
+    out = fin.groupby("run")[metrics].mean()
+    out.insert(0, "eval_step", fin.groupby("run")["step"].max())
+    wide = fin.pivot_table(index="run", columns="benchmark", values=metrics, aggfunc="mean", dropna=False)
+    wide.columns = [f"{m}[{b}]" for m, b in wide.columns]
+    out = out.join(wide)
+    return out.reset_index()
+
+
+def summarize(rs: RunSet, with_eval: bool = True) -> pd.DataFrame:
+    """One row per included run: ID_COLUMNS, every STEP_METRICS entry, n_steps, and the final eval metrics."""
+    runs = rs.included
+    groups = dict(tuple(rs.steps.groupby("run", sort=False))) if len(rs.steps) else {}
+    rows = []
+    for rec in runs.itertuples(index=False):
+        df = groups.get(rec.run, pd.DataFrame())
+        row = {c: getattr(rec, c) for c in ID_COLUMNS}
+        row["n_steps"] = len(df)
+        for name, fn in STEP_METRICS.items():
+            row[name] = fn(df) if len(df) else float("nan")
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=[*ID_COLUMNS, "n_steps", *STEP_METRICS])
+    if with_eval and len(out):
+        fe = final_eval(eval_curves(rs.eval_counts()))
+        out = out.merge(fe, on="run", how="left")
+    return out
+
+
+def metric_doc(name: str) -> str:
+    """One-line definition of a summary column, for table footnotes."""
+    if name in set(STEP_METRICS):  # Registry's `in` raises on unknown names (nsr.registry), so test the names
+        return (STEP_METRICS[name].__doc__ or name).split("\n")[0].strip()
+    if name.startswith("pass@"):
+        return f"unbiased {name.split('[')[0]} at the last eval step (sampled decoding), mean over problems"
+    if name.startswith("greedy"):
+        return "greedy-decoding accuracy at the last eval step"
+    return name
