@@ -16,13 +16,24 @@ On a GPU node the parent is the real ``openrlhf.models.loss.PolicyLoss``; where 
 
 from __future__ import annotations
 
+import sys
+from importlib.util import find_spec
+
 import torch
 
 import nsr
 from nsr.openrlhf.reference import load_loss_module
 from nsr.openrlhf.settings import NSRSettings, stream_seed
 
-_orl = load_loss_module(prefer_real=True)
+
+def _loss_module():
+    """The real ``openrlhf.models.loss`` where it imports (flash-attn and DeepSpeed present, or already imported),
+    else OpenRLHF's same file by path; checked first so a CPU import does not pay for transformers + peft."""
+    real = "openrlhf.models.loss" in sys.modules or all(find_spec(m) for m in ("flash_attn", "deepspeed"))
+    return load_loss_module(prefer_real=real)
+
+
+_orl = _loss_module()
 PolicyLoss = _orl.PolicyLoss
 aggregate_loss = _orl.aggregate_loss
 

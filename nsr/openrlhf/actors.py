@@ -1,0 +1,132 @@
+"""The two OpenRLHF 0.11.2 Ray actors the NSR layer subclasses, and :func:`install` that swaps them in.
+
+* ``NSRPolicyModelActor`` (policy DeepSpeed ranks): after OpenRLHF builds its ``ActorPPOTrainer``, replaces
+  ``actor_loss_fn`` by :class:`~nsr.openrlhf.loss.NSRPolicyLoss` (same kwargs as ppo_actor.py:76-86, plus the run's
+  ``args.nsr``), wraps the trainer's ``training_step`` so the loss writes its metrics into the micro-batch's
+  ``experience.info`` (logged as ``train/nsr_*``), and tells the loss the RL step before each ``fit``.
+* ``NSRPPOTrainer`` (the single controller): wraps ``compute_advantages_and_returns`` with the advantage
+  interventions (nsr/openrlhf/interventions.py) and appends one metrics.jsonl row per RL step
+  (experiments/openrlhf/metrics.py) before OpenRLHF logs and checkpoints that step.
+
+The loss lives only inside the actor processes, so patching the driver's module globals would not reach it
+(notes/openrlhf.md section 1); the subclasses are importable classes that Ray re-imports in every worker, and the
+config rides in ``strategy.args.nsr``. Imports openrlhf, Ray and DeepSpeed: cluster (or test stubs) only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import ray
+import torch.distributed as dist
+from openrlhf.trainer import ppo_trainer
+from openrlhf.trainer.ray import ppo_actor
+
+from nsr.openrlhf.interventions import wrap_compute_advantages
+from nsr.openrlhf.loss import NSRPolicyLoss
+
+# The originals, captured at import: install() may run more than once.
+BasePolicyModelActor = ppo_actor.PolicyModelActor.__ray_actor_class__
+BasePPOTrainer = ppo_trainer.PPOTrainer.__ray_actor_class__
+
+
+def policy_loss_kwargs(args) -> dict:
+    """The keyword arguments ActorPPOTrainer.__init__ gives PolicyLoss (ppo_actor.py:76-86; a contract test checks
+    that they stay the same)."""
+    return dict(
+        clip_eps_low=args.actor.eps_clip_low_high[0],
+        clip_eps_high=args.actor.eps_clip_low_high[1],
+        dual_clip=args.actor.dual_clip,
+        token_level_loss=args.actor.loss_agg_mode == "token-mean",
+        policy_loss_type=args.actor.policy_loss_type,
+        is_correction_level=args.algo.advantage.is_correction_level,
+        is_correction_mode=args.algo.advantage.is_correction_mode,
+        is_correction_gating=args.algo.advantage.is_correction_gating,
+        is_correction_threshold=args.algo.advantage.is_correction_threshold,
+    )
+
+
+def make_loss(args, rank: int | None = None) -> NSRPolicyLoss:
+    """The run's NSRPolicyLoss from OpenRLHF's parsed ``args`` (with ``args.nsr`` set by the launcher)."""
+    if rank is None:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return NSRPolicyLoss(**policy_loss_kwargs(args), settings=args.nsr, seed=args.train.seed, rank=rank)
+
+
+class NSRPolicyModelActor(BasePolicyModelActor):
+    def init_model_from_pretrained(self, strategy, *args, **kwargs):
+        super().init_model_from_pretrained(strategy, *args, **kwargs)
+        self.install_nsr(strategy.args, self.trainer, self.checkpoint_states)
+
+    def install_nsr(self, args, trainer, checkpoint_states=None) -> dict:
+        """Swap ``trainer.actor_loss_fn`` and wrap ``trainer.training_step``; returns what was installed."""
+        loss = make_loss(args)
+        trainer.actor_loss_fn = loss
+        original = trainer.training_step
+
+        def training_step(experience, kl_ctl, step, loss_batch_info=None):
+            loss.sink = experience.info  # read back by OpenRLHF (ppo_actor.py:386) after the loss call
+            try:
+                return original(experience, kl_ctl, step, loss_batch_info)
+            finally:
+                loss.sink = None
+
+        trainer.training_step = training_step
+        # RL steps already done (resume): the streams continue where an uninterrupted run would be
+        self._nsr_rl_step = int((checkpoint_states or {}).get("global_step", 0))
+        self._nsr_trainer = trainer
+        return {"loss": type(loss).__name__, "rule": loss.cfg.rule, "level": loss.cfg.level, "rank": loss.rank}
+
+    def fit(self, kl_ctl: float = 0):
+        self._nsr_rl_step += 1
+        self._nsr_trainer.actor_loss_fn.start_step(self._nsr_rl_step)
+        return super().fit(kl_ctl)
+
+
+class NSRPPOTrainer(BasePPOTrainer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.install_nsr(self.strategy.args)
+
+    def install_nsr(self, args) -> None:
+        self._nsr_step = 0
+        maker = self.experience_maker
+        maker.compute_advantages_and_returns = wrap_compute_advantages(
+            maker.compute_advantages_and_returns,
+            args.nsr.advantage_config(),
+            args.train.seed,
+            lambda: self._nsr_step,
+        )
+        self._nsr_metrics = Path(args.nsr.metrics_path) if args.nsr.metrics_path else None
+
+    def train_step(self, rollout_samples, global_step: int):
+        self._nsr_step = global_step  # the step being made: seeds the advantage interventions
+        return super().train_step(rollout_samples, global_step)
+
+    def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
+        # The row first: a crash before the checkpoint leaves a row the resumed run cuts (RunDir.truncate_logs).
+        if self._nsr_metrics is not None and logs_dict:
+            append_metrics_row(self._nsr_metrics, global_step, logs_dict)
+        super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+
+
+def append_metrics_row(path: Path, step: int, logs: dict) -> dict:
+    """Append the metrics.jsonl row of one RL step (one write, flushed), as RunDir.append does."""
+    from experiments.openrlhf.metrics import row_from_logs
+
+    row = row_from_logs(step, logs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row, separators=(",", ":")) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return row
+
+
+def install() -> None:
+    """Make OpenRLHF's CLI build our actors: it reads ``ppo_actor.PolicyModelActor`` at exec time (runpy runs it
+    after this) and imports ``ppo_trainer.PPOTrainer`` inside ``train()``."""
+    ppo_actor.PolicyModelActor = ray.remote(num_gpus=1)(NSRPolicyModelActor)
+    ppo_trainer.PPOTrainer = ray.remote(NSRPPOTrainer)

@@ -1,0 +1,115 @@
+"""Run OpenRLHF 0.11.2's PPO/GRPO trainer with an NSR clip rule: OpenRLHF's own CLI, unchanged, plus --nsr.* flags.
+
+    python -m nsr.openrlhf.launch --nsr.rule nsr --nsr.delta 0.2 [--nsr.metrics_path RUN/metrics.jsonl] \\
+        <the flags of python -m openrlhf.cli.train_ppo_ray, OpenRLHF 0.11.2>
+
+One node: run it on the node (OpenRLHF starts a local Ray). SLURM / several nodes: start Ray on the nodes
+(slurm/), then run it on the head node with RAY_ADDRESS set, from the repo root on the shared file system (Ray adds
+the driver's working directory to every worker's path, which is how workers import ``nsr``). Normally it is not typed
+by hand: ``python -m experiments.run <preset or sweep>`` builds the command (experiments/openrlhf/argv.py), and
+``python -m experiments.run --sweep S --dry-run`` prints it.
+
+What it does, in order (notes/openrlhf.md section 1):
+1. refuses any openrlhf but 0.11.2;
+2. splits off the --nsr.* flags (nsr/openrlhf/settings.py) and parses the rest with OpenRLHF's own parser and checks
+   (nsr/openrlhf/cli.py), then refuses combinations the layer does not support, before Ray starts;
+3. swaps in the actor subclasses (nsr/openrlhf/actors.py) and wraps ``openrlhf.utils.get_strategy`` so that
+   ``args.nsr`` is set on the strategy that is pickled to every Ray actor;
+4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` with runpy: OpenRLHF's parse, checks, ray.init and train().
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+from nsr.openrlhf.reference import SUPPORTED_VERSION, installed_version
+from nsr.openrlhf.settings import NSRSettings
+
+CLI_MODULE = "openrlhf.cli.train_ppo_ray"
+LEVEL_OF_LOSS_TYPE = {"ppo": "token", "gspo": "sequence"}
+
+
+class LaunchError(SystemExit):
+    """A refused command; the message says which flag and what is allowed. Exits with status 2, as argparse."""
+
+    def __init__(self, msg: str):
+        super().__init__(f"nsr.openrlhf.launch: error: {msg}")
+
+
+def check_version() -> None:
+    try:
+        found = installed_version()
+    except Exception:  # PackageNotFoundError
+        found = None
+    if found != SUPPORTED_VERSION:
+        raise LaunchError(
+            f"openrlhf=={found} is installed; the NSR layer is written and tested against openrlhf=="
+            f"{SUPPORTED_VERSION} only (its PolicyLoss signature and CLI flags change between releases): "
+            f"pip install openrlhf=={SUPPORTED_VERSION}"
+        )
+
+
+def check_args(args, settings: NSRSettings) -> None:
+    """Refuse OpenRLHF settings the NSR layer does not support (args: OpenRLHF's parsed, hierarchized args)."""
+    est = args.algo.advantage.estimator
+    want = "dr_grpo" if settings.adv_kind == "no_std" else "group_norm"
+    if est != want:
+        raise LaunchError(
+            f"--nsr.adv_kind {settings.adv_kind} needs --algo.advantage.estimator {want}, got {est}; allowed: {want}"
+        )
+    if args.train.async_enable:
+        raise LaunchError(
+            "--train.async_enable is not supported by the NSR layer (it subclasses the synchronous "
+            "PPOTrainer); allowed: leave it off"
+        )
+    if settings.rule != "hard" and args.algo.advantage.is_correction_level != "off":
+        raise LaunchError(
+            f"--algo.advantage.is_correction_level {args.algo.advantage.is_correction_level} (vLLM IS correction) "
+            f"works with --nsr.rule hard only, got {settings.rule}; allowed: off"
+        )
+    lo, hi = args.actor.eps_clip_low_high
+    try:  # the rule's full config, exactly as every actor will build it
+        settings.loss_config(lo, hi, args.actor.dual_clip, LEVEL_OF_LOSS_TYPE[args.actor.policy_loss_type])
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+
+
+def install(settings: NSRSettings) -> None:
+    """Swap the actors and make every strategy carry ``args.nsr`` (driver side, before runpy)."""
+    import openrlhf.utils
+
+    from nsr.openrlhf import actors
+
+    actors.install()
+    original = getattr(openrlhf.utils.get_strategy, "__wrapped__", openrlhf.utils.get_strategy)
+
+    def get_strategy(args):
+        args.nsr = settings  # pickled with the strategy into every Ray actor
+        return original(args)
+
+    get_strategy.__wrapped__ = original
+    openrlhf.utils.get_strategy = get_strategy  # the CLI does `from openrlhf.utils import get_strategy` at exec
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    check_version()
+    try:
+        settings, rest = NSRSettings.parse(argv)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    from nsr.openrlhf.cli import CLIError, parse
+
+    try:
+        args = parse(rest)
+    except CLIError as e:
+        raise LaunchError(str(e)) from None
+    check_args(args, settings)
+    install(settings)
+    sys.argv = [CLI_MODULE, *rest]
+    runpy.run_module(CLI_MODULE, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
