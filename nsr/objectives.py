@@ -12,6 +12,13 @@ Conventions shared by every rule (method.md, "Setting"):
 * For a kept unit the loss is ``-A * r_exec`` with ``r_exec`` the executor ratio and noise detached, so
   its gradient with respect to ``u`` equals the loss value. A dropped unit keeps the hard-clip value
   ``-A * clip(r)`` (or ``-A * r`` for push-out) with zero gradient.
+
+Speed (``python -m experiments.bench_loss``): on CPU, elementwise ops on bool tensors (``where``,
+``masked_fill``, comparisons) cost 3-8 times a float multiply, so the dense path keeps masks as float 0/1
+tensors built by arithmetic, and the rules that rework the clipped tokens (nsr, soft) handle them as a list of
+flat indices (one ``nonzero``), touching only those few % of tokens. Padded tokens are filled with log-ratio 0
+(one ``where``) rather than with a copy of a real token; the min / max metrics correct for that only when the
+fill could be the extreme (every real log-ratio of one sign).
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ class RuleInput(NamedTuple):
     log_ratio: torch.Tensor
     """Same shape as ratio: the clamped log-ratio u."""
     adv: torch.Tensor
-    """(B, T) advantages, zero at padded tokens (so padded tokens have zero loss under every rule)."""
+    """(B, T) contiguous advantages, zero at padded tokens (so padded tokens have zero loss under every rule)."""
     valid: torch.Tensor
     """(B, T) bool mask of real tokens."""
     cfg: LossConfig
@@ -74,7 +81,23 @@ class RuleInput(NamedTuple):
         """Values of a (B, T) or (B, 1) tensor at flat token indices."""
         if self.sequence and t.shape[-1] == 1:
             return t.view(-1)[torch.div(idx, self.adv.shape[-1], rounding_mode="floor")]
-        return t.reshape(-1)[idx]
+        return t.take(idx)
+
+
+class Subset(NamedTuple):
+    """Some tokens, by flat (row-major) index: ``idx`` (1-D int64), narrowed by ``keep`` (bool, same shape)."""
+
+    idx: torch.Tensor
+    keep: torch.Tensor | None = None
+    """None: every token of ``idx``."""
+
+    def count(self) -> int:
+        return self.idx.numel() if self.keep is None else int(torch.count_nonzero(self.keep))
+
+    def without(self, drop: torch.Tensor) -> Subset:
+        """The subset minus the tokens where the (B, T) bool ``drop`` is True."""
+        out = ~drop.reshape(-1)[self.idx]
+        return Subset(self.idx, out if self.keep is None else self.keep & out)
 
 
 class RuleOutput(NamedTuple):
@@ -82,12 +105,12 @@ class RuleOutput(NamedTuple):
     """(B, T) per-token loss value, 0 at padded tokens."""
     coef: torch.Tensor
     """(B, T) d loss / d u per token (u the unit's log-ratio), 0 at padded tokens."""
-    clipped: torch.Tensor
-    """(B, T) bool: the judge dropped this token (for clip_frac_low / clip_frac_high)."""
-    rescued: torch.Tensor | None = None
-    """Flat token indices of clipped tokens that the rule rescued, or None."""
-    pushed: torch.Tensor | None = None
-    """Flat token indices of unclipped tokens that push-out dropped, or None."""
+    clipped: torch.Tensor | Subset
+    """Tokens the judge dropped (for clip_frac_low / clip_frac_high): a (B, T) float 0/1 mask, or a Subset."""
+    rescued: Subset | None = None
+    """Clipped tokens that the rule rescued, or None."""
+    pushed: Subset | None = None
+    """Unclipped tokens that push-out dropped, or None."""
 
 
 Rule = Callable[[RuleInput], RuleOutput]
@@ -100,19 +123,45 @@ def _uniform(shape, half_width: float, like: torch.Tensor, generator) -> torch.T
     return z.mul_(2.0 * half_width).add_(1.0 - half_width)
 
 
-def _hard(x: RuleInput, ratio: torch.Tensor | None = None):
-    """PPO/DAPO min-form with judge = executor = ``ratio`` (default: the clean ratio).
+class _Surrogates(NamedTuple):
+    surr1: torch.Tensor
+    """(B, T) r A (fresh: callers may reuse it in place)."""
+    surr2: torch.Tensor
+    """(B, T) clip(r, 1 - eps_low, 1 + eps_high) A."""
+    loss: torch.Tensor
+    """(B, T) -min(surr1, surr2): the PPO/DAPO min-form."""
 
-    Returns (loss, coef, clipped, surr1): loss = -min(r A, clip(r) A); coef = -r A where kept, else 0.
-    """
+
+def _surrogates(x: RuleInput, ratio: torch.Tensor | None = None) -> _Surrogates:
+    """PPO/DAPO min-form with judge = executor = ``ratio`` (default: the clean ratio)."""
     r = x.ratio if ratio is None else ratio
-    cfg = x.cfg
     surr1 = r * x.adv
-    surr2 = r.clamp(cfg.low, cfg.high) * x.adv
-    clipped = surr2 < surr1  # method.md: clipped iff A>0 & r>1+eps_high or A<0 & r<1-eps_low
-    loss = torch.minimum(surr1, surr2).neg_()
-    coef = surr1.neg_().masked_fill_(clipped, 0.0)  # for a kept unit d(-r A)/du = -r A
-    return loss, coef, clipped
+    c = r.clamp(x.cfg.low, x.cfg.high)
+    surr2 = c.mul_(x.adv) if c.shape == x.adv.shape else c * x.adv
+    return _Surrogates(surr1, surr2, torch.minimum(surr1, surr2).neg_())
+
+
+def _drop_mask(s: _Surrogates) -> torch.Tensor:
+    """Float 1.0 where the judge drops the unit, i.e. ``surr2 < surr1`` (method.md: A > 0 and r > 1 + eps_high,
+    or A < 0 and r < 1 - eps_low), else 0.0. Built by arithmetic: a bool mask would cost 3x more to use."""
+    return torch.sub(s.surr1, s.surr2).sign_().clamp_(min=0.0)  # sign(NaN) = 0: NaN units count as kept
+
+
+def _dense_hard(x: RuleInput, ratio: torch.Tensor | None = None):
+    """(loss, coef, drop): the hard clip with coef = -r A on kept units and 0 on dropped ones."""
+    s = _surrogates(x, ratio)
+    drop = _drop_mask(s)
+    coef = s.surr1.mul_(drop - 1.0)  # -r A where kept (exact: times -1), 0 where dropped
+    return s.loss, coef, drop
+
+
+def _sparse_hard(x: RuleInput):
+    """(loss, coef, clipped, idx) for rules that rework the clipped units: ``coef`` is -r A everywhere (the
+    caller sets it at ``idx``, the flat indices of the clipped tokens, row-major); ``clipped`` is the bool mask."""
+    s = _surrogates(x)
+    clipped = s.surr2 < s.surr1  # method.md: clipped iff A>0 & r>1+eps_high or A<0 & r<1-eps_low
+    idx = clipped.view(-1).nonzero().squeeze(1)
+    return s.loss, s.surr1.neg_(), clipped, idx
 
 
 def _side_ok(adv: torch.Tensor, r: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
@@ -120,61 +169,63 @@ def _side_ok(adv: torch.Tensor, r: torch.Tensor, cfg: LossConfig) -> torch.Tenso
     return torch.where(adv > 0, r <= cfg.high, r >= cfg.low)
 
 
-def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, clipped: torch.Tensor) -> torch.Tensor:
-    """method.md, NSR steps 1-4, on the clipped tokens only (in place on ``loss`` and ``coef``)."""
-    idx = clipped.view(-1).nonzero().squeeze(1)
+def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, idx: torch.Tensor) -> Subset:
+    """method.md, NSR steps 1-4, on the clipped tokens ``idx`` only (in place on ``loss`` and ``coef``).
+
+    Sets ``coef`` at every clipped token: the rescued value, or 0 (still clipped)."""
     if idx.numel() == 0:
-        return idx
+        return Subset(idx)
     r = x.at(x.ratio, idx)
-    adv = x.adv.view(-1)[idx]
+    adv = x.adv.take(idx)
     z = x.uniform(x.cfg.delta, idx)  # NSR step 1: z ~ U(1 - delta, 1 + delta), per token (per sequence for GSPO)
     rz = r * z  # NSR step 2: candidate ratio
     ok = _side_ok(adv, rz, x.cfg)  # NSR step 3: back inside on the clipped side -> rescued
-    sel = idx[ok]
-    exec_ratio = rz[ok] if x.cfg.executor == "noisy" else r[ok]
-    value = exec_ratio.mul_(adv[ok]).neg_()  # loss -A r~ (z detached); its d/du is the same value
-    loss.view(-1)[sel] = value
-    coef.view(-1)[sel] = value
-    return sel
+    exec_ratio = rz if x.cfg.executor == "noisy" else r
+    value = exec_ratio.mul(adv).neg_()  # loss -A r~ (z detached); its d/du is the same value
+    coef.put_(idx, torch.where(ok, value, 0.0))  # NSR step 4: not rescued -> stays clipped
+    loss.put_(idx, torch.where(ok, value, loss.take(idx)))
+    return Subset(idx, ok)
 
 
-def _pushout(x: RuleInput, coef: torch.Tensor, clipped: torch.Tensor) -> torch.Tensor:
+def _pushout(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, kept: torch.Tensor) -> Subset:
     """method.md intervention 4: an unclipped token with A != 0 is dropped iff r z would be clipped.
 
     Only tokens within reach of the boundary (A > 0: r > hi / (1 + delta); A < 0: r < lo / (1 - delta)) can be
-    dropped, so z is drawn for those alone; the others would be kept whatever their z.
+    dropped, so z is drawn for those alone (row-major); the others would be kept whatever their z.
+    ``kept``: (B, T) bool, the tokens the judge did not clip.
     """
     cfg = x.cfg
     d = cfg.delta
     if d == 0:
-        return clipped.new_zeros(0, dtype=torch.long)
+        return Subset(loss.new_zeros(0, dtype=torch.long))
     reach_lo, reach_hi = cfg.low / (1 - d), cfg.high / (1 + d)
     if reach_lo < reach_hi:
-        reach = x.ratio.clamp(reach_lo, reach_hi) * x.adv < x.ratio * x.adv
+        # within reach iff clip(r, reach_lo, reach_hi) A < r A; on kept tokens r A = -loss, so compare with it
+        c = x.ratio.clamp(reach_lo, reach_hi)
+        c = c.mul_(x.adv) if c.shape == x.adv.shape else c * x.adv
+        band = (c.neg_() > loss).logical_and_(kept)
     else:  # delta so large that every token with A != 0 is within reach
-        reach = (x.adv != 0).expand_as(clipped)
-    idx = (reach & ~clipped).view(-1).nonzero().squeeze(1)
+        band = (x.adv != 0).logical_and_(kept)
+    idx = band.view(-1).nonzero().squeeze(1)
     if idx.numel() == 0:
-        return idx
+        return Subset(idx)
     rz = x.at(x.ratio, idx) * x.uniform(d, idx)
-    drop = ~_side_ok(x.adv.view(-1)[idx], rz, cfg)
-    sel = idx[drop]
-    coef.view(-1)[sel] = 0.0  # dropped: keeps its loss value -A r, loses its gradient
-    return sel
+    drop = ~_side_ok(x.adv.take(idx), rz, cfg)
+    coef.put_(idx, torch.where(drop, 0.0, coef.take(idx)))  # dropped: keeps its loss value -A r, loses its gradient
+    return Subset(idx, drop)
 
 
 @RULES.register("hard")
 def hard(x: RuleInput) -> RuleOutput:
     """PPO/GRPO/DAPO clipping: L = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)."""
-    loss, coef, clipped = _hard(x)
-    return RuleOutput(loss, coef, clipped)
+    return RuleOutput(*_dense_hard(x))
 
 
 @RULES.register("nsr")
 def nsr(x: RuleInput) -> RuleOutput:
     """Near-boundary Stochastic Rescue: a clipped token is rescued iff r z is back inside (method.md, NSR)."""
-    loss, coef, clipped = _hard(x)
-    return RuleOutput(loss, coef, clipped, rescued=_rescue(x, loss, coef, clipped))
+    loss, coef, _, idx = _sparse_hard(x)
+    return RuleOutput(loss, coef, Subset(idx), rescued=_rescue(x, loss, coef, idx))
 
 
 @RULES.register("soft")
@@ -184,53 +235,53 @@ def soft(x: RuleInput) -> RuleOutput:
     Its loss value is NSR's expected value too: -w A r + (1 - P(rescue)) * (hard-clip value), so soft with
     delta = 0 equals hard in value and gradient.
     """
-    from nsr.theory import rescue_weight, side_expectation
+    from nsr.theory import clipped_expectations
 
-    loss, coef, clipped = _hard(x)
-    idx = clipped.view(-1).nonzero().squeeze(1)
+    loss, coef, _, idx = _sparse_hard(x)
     if idx.numel():
         cfg = x.cfg
-        r, adv = x.at(x.ratio, idx), x.adv.view(-1)[idx]
-        w = rescue_weight(r, adv, cfg)  # method.md intervention 3: w(r) of the configured executor
-        p = w if cfg.executor == "clean" else side_expectation(r, adv, cfg, cfg.delta, 0)
+        r, adv = x.at(x.ratio, idx), x.adv.take(idx)
+        # method.md intervention 3: w(r) of the configured executor, and P(rescue)
+        p, w = clipped_expectations(r, adv > 0, cfg, cfg.delta, 1 if cfg.executor == "noisy" else 0)
         grad_value = (r * adv).mul_(w).neg_()  # -w A r with w constant: its d/du is itself
-        flat = loss.view(-1)
-        flat[idx] = grad_value + (1.0 - p) * flat[idx]
-        coef.view(-1)[idx] = grad_value
-    return RuleOutput(loss, coef, clipped)
+        loss.put_(idx, grad_value + (1.0 - p) * loss.take(idx))
+        coef.put_(idx, grad_value)
+    return RuleOutput(loss, coef, Subset(idx))
 
 
 @RULES.register("pushout")
 def pushout(x: RuleInput) -> RuleOutput:
     """Push-out only: unclipped tokens may be dropped when r z crosses the boundary; clipped stay clipped."""
-    loss, coef, clipped = _hard(x)
-    return RuleOutput(loss, coef, clipped, pushed=_pushout(x, coef, clipped))
+    loss, coef, drop = _dense_hard(x)
+    kept = drop == 0
+    return RuleOutput(loss, coef, drop, pushed=_pushout(x, loss, coef, kept))
 
 
 @RULES.register("nsr_pushout")
 def nsr_pushout(x: RuleInput) -> RuleOutput:
     """Both directions: NSR rescue of clipped tokens and push-out of unclipped ones (independent draws)."""
-    loss, coef, clipped = _hard(x)
-    rescued = _rescue(x, loss, coef, clipped)
-    return RuleOutput(loss, coef, clipped, rescued=rescued, pushed=_pushout(x, coef, clipped))
+    loss, coef, clipped, idx = _sparse_hard(x)
+    rescued = _rescue(x, loss, coef, idx)
+    return RuleOutput(loss, coef, Subset(idx), rescued=rescued, pushed=_pushout(x, loss, coef, ~clipped))
 
 
 @RULES.register("noisy_decision")
 def noisy_decision(x: RuleInput) -> RuleOutput:
     """Judge = executor = r xi, xi ~ U(1 - sigma, 1 + sigma) (method.md intervention 2)."""
-    noisy = x.ratio * x.uniform(x.cfg.ratio_noise)
-    loss, coef, clipped = _hard(x, noisy)
-    return RuleOutput(loss, coef, clipped)
+    noisy = x.uniform(x.cfg.ratio_noise)
+    noisy = noisy.mul_(x.ratio) if noisy.shape == x.adv.shape else noisy * x.ratio
+    return RuleOutput(*_dense_hard(x, noisy))
 
 
 @RULES.register("clean_decision")
 def clean_decision(x: RuleInput) -> RuleOutput:
     """Judge = clean r, executor = r xi: a kept token's loss is -A r xi (method.md intervention 2)."""
-    loss, _, clipped = _hard(x)
+    s = _surrogates(x)
+    drop = _drop_mask(s)
     value = (x.ratio * x.uniform(x.cfg.ratio_noise) * x.adv).neg_()
-    loss = torch.where(clipped, loss, value)
-    coef = value.masked_fill_(clipped, 0.0)
-    return RuleOutput(loss, coef, clipped)
+    coef = value.mul_(1.0 - drop)  # -A r xi where kept, 0 where dropped (exact: times 1 or 0)
+    loss = s.loss.mul_(drop).add_(coef)  # hard-clip value where dropped, -A r xi where kept
+    return RuleOutput(loss, coef, drop)
 
 
 @RULES.register("cispo")
@@ -239,11 +290,10 @@ def cispo(x: RuleInput) -> RuleOutput:
 
     The value uses log r instead of log pi: the two differ by a constant, so the gradient is MiniMax's.
     """
-    cfg = x.cfg
-    w = x.ratio.clamp(cfg.low, cfg.high) * x.adv
-    clipped = w < x.ratio * x.adv  # out of region on the advantage's side, for the clip metrics only
-    loss = (w * x.log_ratio).neg_()
-    return RuleOutput(loss, w.neg_(), clipped)
+    s = _surrogates(x)  # surr2 = clip(r) A, the clipped IS weight times A
+    drop = _drop_mask(s)  # out of region on the advantage's side, for the clip metrics only
+    loss = (s.surr2 * x.log_ratio).neg_()
+    return RuleOutput(loss, s.surr2.neg_(), drop)
 
 
 @RULES.register("sapo")
@@ -254,8 +304,7 @@ def sapo(x: RuleInput) -> RuleOutput:
     s = torch.sigmoid(tau * (x.ratio - 1.0))
     loss = (4.0 / tau * s * x.adv).neg_()
     coef = (4.0 * s * (1.0 - s) * x.ratio * x.adv).neg_()  # d/du of the gate: sigma'(.) tau r
-    clipped = x.ratio.clamp(cfg.low, cfg.high) * x.adv < x.ratio * x.adv
-    return RuleOutput(loss, coef, clipped)
+    return RuleOutput(loss, coef, _drop_mask(_surrogates(x)))
 
 
 def _check(log_probs, old_log_probs, advantages, mask):
@@ -278,27 +327,59 @@ def _check(log_probs, old_log_probs, advantages, mask):
     return adv, valid
 
 
-def _stats(u_raw: torch.Tensor, valid: torch.Tensor, n: int, weights: torch.Tensor | None = None):
-    """(sum, min, max) of ``u_raw`` over valid units. Token level: ``u_raw`` is (B, T) with padded entries
-    filled by a valid value, so min/max need no mask; sequence level: (B, 1) with token counts as weights."""
-    if weights is None:
-        lo, hi = torch.aminmax(u_raw)
-        return u_raw.sum(dtype=torch.float64), lo, hi
-    has = weights > 0
+def _count_dtype(t: torch.Tensor) -> torch.dtype:
+    """Accumulator that counts 0/1 floats exactly: float32 below 2**24 elements, else float64."""
+    return t.dtype if t.dtype == torch.float64 or (t.dtype == torch.float32 and t.numel() < 2**24) else torch.float64
+
+
+def _clip_counts(clipped: torch.Tensor | Subset, adv: torch.Tensor) -> tuple[int, int]:
+    """(clipped units, clipped units with A > 0); a clipped unit always has A != 0."""
+    if isinstance(clipped, Subset):
+        n = clipped.count()
+        if n == 0:
+            return 0, 0
+        pos = adv.take(clipped.idx) > 0
+        return n, int(torch.count_nonzero(pos if clipped.keep is None else pos & clipped.keep))
+    acc = _count_dtype(clipped)
+    f = clipped.reshape(-1).to(acc)
+    n = int(f.sum())
+    if n == 0:
+        return 0, 0
+    n_pos_minus_neg = int(torch.dot(f, adv.reshape(-1).sign().to(acc)))  # sum of sign(A) over clipped units
+    return n, (n + n_pos_minus_neg) // 2
+
+
+def _token_minmax(u: torch.Tensor, valid: torch.Tensor, n: int):
+    """min and max of the (B, T) log-ratio over valid tokens, where padded entries hold 0."""
+    lo, hi = torch.aminmax(u)
+    if 0 < n < valid.numel():  # a fill of 0 is the min (max) only if no real value is below (above) it
+        if bool(lo >= 0):
+            lo = torch.where(valid, u, float("inf")).amin()
+        if bool(hi <= 0):
+            hi = torch.where(valid, u, float("-inf")).amax()
+    return lo, hi
+
+
+def _seq_stats(u_seq: torch.Tensor, counts: torch.Tensor):
+    """(sum weighted by token counts, min, max) of the (B, 1) sequence log-ratio over sequences with a token."""
+    has = counts > 0
     if not bool(has.any()):
-        z = u_raw.new_zeros(())
+        z = u_seq.new_zeros(())
         return z.double(), z, z
-    vals = u_raw.view(-1)[has.view(-1)]
-    return (u_raw.view(-1).double() * weights.view(-1)).sum(), vals.min(), vals.max()
+    vals = u_seq.view(-1)[has.view(-1)]
+    return (u_seq.view(-1).double() * counts.view(-1)).sum(), vals.min(), vals.max()
 
 
-def _run_rule(u_unit, lr_tok, adv, valid, cfg, generator, sink, token_fill=None):
-    """Forward work shared by both levels. ``u_unit``: raw log-ratio per unit, (B, T) or (B, 1)."""
-    B, T = adv.shape
-    n = int(valid.sum())
+def _run_rule(u_unit, lr_tok, adv, valid, n, cfg, generator, sink):
+    """Forward work shared by both levels. ``u_unit``: raw log-ratio per unit, (B, T) with padded entries 0,
+    or (B, 1). ``n``: number of valid tokens."""
     seq = cfg.level == "sequence"
-    counts = valid.sum(-1, keepdim=True) if seq else None
-    usum, umin, umax = _stats(u_unit, valid, n, counts)
+    if seq:
+        counts = valid.sum(-1, keepdim=True)
+        usum, umin, umax = _seq_stats(u_unit, counts)
+    else:
+        umin, umax = _token_minmax(u_unit, valid, n)
+        usum = u_unit.sum(dtype=torch.float64)  # padded entries are 0
     clamp_needed = bool(umin < -LOG_RATIO_CLAMP) or bool(umax > LOG_RATIO_CLAMP)
     u = u_unit.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) if clamp_needed else u_unit
     r = torch.exp(u)
@@ -312,31 +393,36 @@ def _run_rule(u_unit, lr_tok, adv, valid, cfg, generator, sink, token_fill=None)
         if bool(dual.any()):
             loss = torch.where(dual, -cfg.dual_clip * adv, loss)
             coef = coef.masked_fill(dual, 0.0)
-            clipped = clipped & ~dual
-            flat = dual.view(-1)
-            rescued = None if rescued is None else rescued[~flat[rescued]]
-            pushed = None if pushed is None else pushed[~flat[pushed]]
+            clipped = clipped.without(dual) if isinstance(clipped, Subset) else clipped.masked_fill(dual, 0.0)
+            rescued = None if rescued is None else rescued.without(dual)
+            pushed = None if pushed is None else pushed.without(dual)
     # metrics (method.md / design.md): fractions of valid tokens
     denom = max(n, 1)
-    n_clip = int(clipped.sum())
-    n_high = int((clipped & (adv > 0)).sum()) if n_clip else 0
-    ratio_mean = (r.double() * counts).sum() if seq else r.sum(dtype=torch.float64)  # token-weighted
-    if token_fill is not None:  # token level: padded entries hold a copy of one valid value, remove them
-        n_pad = valid.numel() - n
-        usum = usum - n_pad * token_fill.double()
-        ratio_mean = ratio_mean - n_pad * torch.exp(token_fill.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).double()
-    kl_sum = usum if lr_tok is None else torch.where(valid, lr_tok, 0.0).sum(dtype=torch.float64)
+    n_clip, n_high = _clip_counts(clipped, adv)
+    if seq:
+        ratio_sum = (r.double() * counts).sum()  # token-weighted
+        kl_sum = torch.where(valid, lr_tok, 0.0).sum(dtype=torch.float64)
+    else:  # padded entries hold u = 0, r = 1
+        ratio_sum = r.sum(dtype=torch.float64) - (valid.numel() - n)
+        kl_sum = usum
     clampf = lambda v: torch.exp(v.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # noqa: E731
     dt = adv.dtype
+    fracs = torch.tensor(
+        [
+            (n_clip - n_high) / denom,
+            n_high / denom,
+            n_clip / denom,
+            0 if rescued is None else rescued.count() / denom,
+            0 if pushed is None else pushed.count() / denom,
+        ],
+        dtype=dt,
+    )
+    one = torch.ones((), dtype=dt)
+    sink.update(zip(("clip_frac_low", "clip_frac_high", "clip_frac", "rescue_frac", "pushout_frac"), fracs.unbind()))
     sink.update(
-        clip_frac_low=torch.tensor((n_clip - n_high) / denom, dtype=dt),
-        clip_frac_high=torch.tensor(n_high / denom, dtype=dt),
-        clip_frac=torch.tensor(n_clip / denom, dtype=dt),
-        rescue_frac=torch.tensor(0 if rescued is None else rescued.numel() / denom, dtype=dt),
-        pushout_frac=torch.tensor(0 if pushed is None else pushed.numel() / denom, dtype=dt),
-        ratio_mean=(ratio_mean / denom).to(dt) if n else torch.ones((), dtype=dt),
-        ratio_min=clampf(umin).to(dt) if n else torch.ones((), dtype=dt),
-        ratio_max=clampf(umax).to(dt) if n else torch.ones((), dtype=dt),
+        ratio_mean=(ratio_sum / denom).to(dt) if n else one,
+        ratio_min=clampf(umin).to(dt) if n else one,
+        ratio_max=clampf(umax).to(dt) if n else one,
         approx_kl=(-kl_sum / denom).to(dt),
     )
     return loss, coef
@@ -346,40 +432,33 @@ class _TokenRule(torch.autograd.Function):
     """Per-token ratio. Forward runs the rule without a graph; backward is ``grad * coef``."""
 
     @staticmethod
-    def forward(ctx, log_probs, old_log_probs, adv, valid, cfg, generator, sink):
+    def forward(ctx, log_probs, old_log_probs, adv, valid, n, cfg, generator, sink):
         lr = log_probs.detach() - old_log_probs.detach()
-        n = int(valid.sum())
-        fill = None
-        if n < valid.numel():
-            # Padded entries take the value of one real token, so min/max need no mask and stay finite.
-            first = lr.view(-1)[valid.view(-1).to(torch.uint8).argmax()] if n else lr.new_zeros(())
-            fill = first
-            u = torch.where(valid, lr, first)
-        else:
-            u = lr
-        loss, coef = _run_rule(u, None, adv, valid, cfg, generator, sink, token_fill=fill)
+        # padded entries get u = 0 (r = 1, and A = 0 there): finite whatever garbage the padding holds
+        u = torch.where(valid, lr, 0.0) if n < valid.numel() else lr
+        loss, coef = _run_rule(u, None, adv, valid, n, cfg, generator, sink)
         ctx.save_for_backward(coef)
         return loss
 
     @staticmethod
     def backward(ctx, grad):
         (coef,) = ctx.saved_tensors
-        return grad * coef, None, None, None, None, None, None
+        return grad * coef, None, None, None, None, None, None, None
 
 
 class _SeqRule(torch.autograd.Function):
     """Sequence ratio (GSPO): the rule acts on the (B, 1) log-ratio; its gradient sums over the tokens."""
 
     @staticmethod
-    def forward(ctx, u_seq, lr_tok, adv, valid, cfg, generator, sink):
-        loss, coef = _run_rule(u_seq.detach(), lr_tok, adv, valid, cfg, generator, sink)
+    def forward(ctx, u_seq, lr_tok, adv, valid, n, cfg, generator, sink):
+        loss, coef = _run_rule(u_seq.detach(), lr_tok, adv, valid, n, cfg, generator, sink)
         ctx.save_for_backward(coef)
         return loss
 
     @staticmethod
     def backward(ctx, grad):
         (coef,) = ctx.saved_tensors
-        return (grad * coef).sum(-1, keepdim=True), None, None, None, None, None, None
+        return (grad * coef).sum(-1, keepdim=True), None, None, None, None, None, None, None
 
 
 def policy_loss(
@@ -409,13 +488,14 @@ def policy_loss(
     if not isinstance(cfg, LossConfig):
         raise TypeError(f"cfg must be nsr.LossConfig, got {type(cfg).__name__}")
     adv, valid = _check(log_probs, old_log_probs, advantages, mask)
+    n = int(torch.count_nonzero(valid))
     sink: dict[str, torch.Tensor] = {}
     if cfg.level == "token":
-        loss = _TokenRule.apply(log_probs, old_log_probs, adv, valid, cfg, generator, sink)
+        loss = _TokenRule.apply(log_probs, old_log_probs, adv, valid, n, cfg, generator, sink)
     else:  # GSPO: s_i = exp(mean_t log r_t); the gradient flows through the mean (OpenRLHF's gspo)
         lr = torch.where(valid, log_probs - old_log_probs.detach(), 0.0)
         u_seq = lr.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)
-        loss = _SeqRule.apply(u_seq, lr.detach(), adv, valid, cfg, generator, sink)
+        loss = _SeqRule.apply(u_seq, lr.detach(), adv, valid, n, cfg, generator, sink)
     return loss, sink
 
 
@@ -430,7 +510,7 @@ def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor | None, mode: str = "to
     m = torch.ones_like(loss_tok, dtype=torch.bool) if mask is None else mask.bool()
     masked = torch.where(m, loss_tok, 0.0)
     if mode == "token-mean":
-        return masked.sum() / m.sum().clamp(min=1)
+        return masked.sum() / torch.count_nonzero(m).clamp(min=1)
     counts = m.sum(-1)
     seq = masked.sum(-1) / counts.clamp(min=1)
     return seq.sum() / (counts > 0).sum().clamp(min=1)

@@ -24,21 +24,41 @@ def side_expectation(ratio, sign, cfg: LossConfig, half_width: float, power: int
     A > 0 tests ``r z <= 1 + eps_high``; A < 0 tests ``r z >= 1 - eps_low``; sign 0 gives 1.
     """
     r, sign = _tensors(ratio, sign)
-    h = float(half_width)
+    (w,) = _side_terms(r, sign > 0, cfg, float(half_width), (power,))
+    return torch.where(sign == 0, 1.0, w)
+
+
+def clipped_expectations(ratio: torch.Tensor, pos: torch.Tensor, cfg: LossConfig, half_width: float, power: int):
+    """(P(rescue), E[z^power 1{rescue}]) of units with A != 0: :func:`side_expectation` at powers 0 and
+    ``power``, sharing the work (the soft rule calls this on its clipped tokens).
+
+    Args:
+        ratio: float tensor of ratios; pos: bool tensor of the same shape, True where A > 0.
+    """
+    powers = (0,) if power == 0 else (0, power)
+    terms = _side_terms(ratio, pos, cfg, float(half_width), powers)
+    return terms[0], terms[-1]
+
+
+def _side_terms(r: torch.Tensor, pos: torch.Tensor, cfg: LossConfig, h: float, powers) -> list[torch.Tensor]:
+    """E[z^p 1{r z inside on the side}] for each p of ``powers``, for units with A != 0 (pos: A > 0)."""
     hi, lo = cfg.high, cfg.low
     if h == 0:
-        inside = torch.where(sign > 0, r <= hi, r >= lo)
-        return torch.where(sign == 0, 1.0, inside.to(r.dtype))
+        inside = torch.where(pos, r <= hi, r >= lo).to(r.dtype)
+        return [inside for _ in powers]
     a, b = 1.0 - h, 1.0 + h
-    t = torch.where(sign > 0, hi / r, lo / r).clamp(a, b)
-    if power == 1:
-        pos, neg = (t * t - a * a) / (4 * h), (b * b - t * t) / (4 * h)
-    elif power == 0:
-        pos, neg = (t - a) / (2 * h), (b - t) / (2 * h)
-    else:
-        raise ValueError(f"power={power!r} is not valid; allowed: 0, 1")
-    # both are in [0, 1] exactly; the clamp removes float rounding at the ends (e.g. 1 + 1e-7)
-    return torch.where(sign > 0, pos, torch.where(sign < 0, neg, torch.ones_like(t))).clamp_(0.0, 1.0)
+    t = torch.where(pos, hi / r, lo / r).clamp(a, b)
+    out = []
+    for power in powers:
+        if power == 1:
+            side_pos, side_neg = (t * t - a * a) / (4 * h), (b * b - t * t) / (4 * h)
+        elif power == 0:
+            side_pos, side_neg = (t - a) / (2 * h), (b - t) / (2 * h)
+        else:
+            raise ValueError(f"power={power!r} is not valid; allowed: 0, 1")
+        # both are in [0, 1] exactly; the clamp removes float rounding at the ends (e.g. 1 + 1e-7)
+        out.append(torch.where(pos, side_pos, side_neg).clamp_(0.0, 1.0))
+    return out
 
 
 def rescue_weight(ratio, adv, cfg: LossConfig) -> torch.Tensor:
