@@ -53,7 +53,8 @@ def test_dapo_train_set_is_deduplicated_unwrapped_and_repeated(prepared):
     assert data.count_rows(prepared / "dapo-math-17k.jsonl") == 12
     orders = [[r["problem_id"] for r in rows[i : i + 3]] for i in range(0, 12, 3)]
     assert len({tuple(o) for o in orders}) > 1  # passes are shuffled differently (seeded)
-    again = data.repeat_shuffled(data.convert("dapo-math-17k", data.load_rows("dapo-math-17k", LOCAL["dapo-math-17k"])), 4)
+    source = data.load_rows("dapo-math-17k", LOCAL["dapo-math-17k"])
+    again = data.repeat_shuffled(data.convert("dapo-math-17k", source), 4)
     assert again == rows  # same seed, same file
 
 

@@ -147,8 +147,11 @@ def prepare(out: Path, only: list[str], sources: dict[str, str], epochs: int, se
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.openrlhf.data", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.openrlhf.data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--only", nargs="+", default=list(SOURCES), help=f"subset of: {', '.join(SOURCES)}")
     p.add_argument("--source", action="append", default=[], metavar="NAME=PATH", help="a local copy of a source")
