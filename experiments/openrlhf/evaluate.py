@@ -1,0 +1,151 @@
+"""Offline evaluation of a cluster run: every saved checkpoint (and the base model as step 0) on the run's
+benchmarks with vLLM, one eval.jsonl row per sample, so ``analysis`` computes unbiased pass@k as for CPU runs.
+
+    python -m experiments.openrlhf.evaluate results/runs/main/<run_id>            # on a GPU node, after training
+    python -m experiments.openrlhf.evaluate RUN_DIR --steps 0 400 --tp 2           # some steps, 2-GPU tensor parallel
+
+Rows: ``{"step", "benchmark", "problem_id", "decoding": "sampled" | "greedy", "sample", "correct"}`` with
+``eval.n_samples`` samples per problem at ``eval.temperature`` (and one greedy sample when ``eval.greedy``), scored by
+the training reward (experiments/openrlhf/reward.py). Checkpoints: ``RUN/ckpt/global_step<N>_hf`` (OpenRLHF's
+``--ckpt.save_hf``) and ``RUN/ckpt/final_hf`` (the end of training, step = last metrics.jsonl step). Steps already in
+eval.jsonl are skipped, so a rerun after preemption continues. OpenRLHF's own online eval keeps only aggregates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from experiments.config import RunConfig, load_config
+from experiments.openrlhf.reward import score
+from experiments.rundir import RunDir, read_jsonl
+
+STEP_DIR = re.compile(r"global_step(\d+)_hf")
+
+
+def checkpoints(run_dir: Path, cfg: RunConfig) -> dict[int, str]:
+    """{step: model path}: the base model at 0, each ``global_step<N>_hf`` folder, and ``final_hf`` at the last
+    logged step (unless a step checkpoint already covers it)."""
+    rd = RunDir(run_dir)
+    out = {0: cfg.model.name}
+    ckpt = rd.path / "ckpt"
+    for d in sorted(ckpt.glob("global_step*_hf")) if ckpt.is_dir() else []:
+        m = STEP_DIR.fullmatch(d.name)
+        if m and d.is_dir():
+            out[int(m.group(1))] = str(d)
+    final = ckpt / "final_hf"
+    if final.is_dir():
+        logged = read_jsonl(rd.metrics_path) if rd.metrics_path.exists() else []
+        out.setdefault(max((r["step"] for r in logged), default=cfg.train.steps), str(final))
+    return dict(sorted(out.items()))
+
+
+def benchmark_file(cfg: RunConfig, name: str) -> Path:
+    folder = Path(cfg.task.data_dir) if cfg.task.data_dir else Path(cfg.task.train_data).parent
+    return folder / f"{name}.jsonl"
+
+
+def load_benchmark(cfg: RunConfig, name: str) -> list[dict]:
+    """Rows {prompt, label, problem_id} (at most eval.n_prompts, file order) of a prepared benchmark file."""
+    path = benchmark_file(cfg, name)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; make it with: python -m experiments.openrlhf.data --only {name}")
+    return read_jsonl(path)[: cfg.eval.n_prompts]
+
+
+def eval_rows(step: int, benchmark: str, problems: list[dict], completions: list[list[str]], decoding: str):
+    """eval.jsonl rows: ``completions[i][k]`` is sample k of problems[i]."""
+    rows = []
+    for prob, outs in zip(problems, completions, strict=True):
+        for k, text in enumerate(outs):
+            rows.append(
+                {
+                    "step": step,
+                    "benchmark": benchmark,
+                    "problem_id": str(prob["problem_id"]),
+                    "decoding": decoding,
+                    "sample": k,
+                    "correct": int(score(text, prob["label"])),
+                }
+            )
+    return rows
+
+
+def done_steps(rd: RunDir) -> set[int]:
+    return {r["step"] for r in read_jsonl(rd.eval_path)} if rd.eval_path.exists() else set()
+
+
+def _generate(model: str, prompts: list[str], cfg: RunConfig, tp: int) -> dict[str, list[list[str]]]:
+    """{decoding: completions per prompt} with vLLM (GPU). Chat template as in training."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, tensor_parallel_size=tp, seed=cfg.eval.seed, trust_remote_code=True)
+    if cfg.task.chat_template:
+        tok = llm.get_tokenizer()
+        prompts = [
+            tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
+    runs = {
+        "sampled": SamplingParams(
+            n=cfg.eval.n_samples,
+            temperature=cfg.eval.temperature,
+            max_tokens=cfg.rollout.max_new_tokens,
+            seed=cfg.eval.seed,
+        )
+    }
+    if cfg.eval.greedy:
+        runs["greedy"] = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.rollout.max_new_tokens)
+    out = {k: [[o.text for o in r.outputs] for r in llm.generate(prompts, p)] for k, p in runs.items() if p.n > 0}
+    del llm
+    return out
+
+
+def evaluate(run_dir: str | Path, steps: list[int] | None = None, tp: int = 1) -> int:
+    """Evaluate the run's checkpoints not yet in eval.jsonl; returns the number of rows written."""
+    rd = RunDir(run_dir)
+    cfg = load_config(rd.config_path)
+    ckpts = checkpoints(rd.path, cfg)
+    if steps is not None:
+        missing = sorted(set(steps) - set(ckpts))
+        if missing:
+            raise ValueError(f"--steps {missing}: no checkpoint; allowed: {sorted(ckpts)}")
+        ckpts = {s: ckpts[s] for s in steps}
+    benches = {b: load_benchmark(cfg, b) for b in cfg.task.eval_benchmarks}  # all files checked before any GPU work
+    written = 0
+    for step, model in ckpts.items():
+        if step in done_steps(rd):
+            continue
+        rows = []
+        for name, problems in benches.items():
+            for decoding, completions in _generate(model, [p["prompt"] for p in problems], cfg, tp).items():
+                rows += eval_rows(step, name, problems, completions, decoding)
+        rd.append("eval.jsonl", rows)  # one step at a time: a preempted evaluation keeps the finished steps
+        written += len(rows)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.openrlhf.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--steps", type=int, nargs="+", help="only these steps (default: every checkpoint)")
+    p.add_argument("--tp", type=int, default=1, help="vLLM tensor parallel size")
+    a = p.parse_args(argv)
+    try:
+        n = evaluate(a.run_dir, a.steps, a.tp)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"run_dir": str(a.run_dir), "rows": n}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
