@@ -65,25 +65,27 @@ def colours(labels: list[str]) -> dict[str, tuple]:
 
 
 # ------------------------------------------------------------------------------------------- curves
-def binned(steps: pd.DataFrame, runs: list[str], metric: str, max_points: int = MAX_POINTS):
-    """(x (T,), Y (S, T)): per run, the mean of ``metric`` in each of T <= max_points equal step bins."""
-    df = steps[steps["run"].isin(runs)]
-    if metric not in df.columns or not len(df):
-        return np.array([]), np.empty((len(runs), 0))
-    s = df["step"].to_numpy(dtype=np.float64)
-    lo, hi = s.min(), s.max()
-    nb = int(min(max_points, df["step"].nunique()))
-    edges = np.linspace(lo, hi + 1e-9, nb + 1)
+def step_bins(steps: pd.DataFrame, max_points: int = MAX_POINTS) -> np.ndarray:
+    """Edges of at most ``max_points`` equal bins over the steps in ``steps``."""
+    s = steps["step"].to_numpy(dtype=np.float64)
+    nb = int(min(max_points, steps["step"].nunique()))
+    return np.linspace(s.min(), s.max() + 1e-9, nb + 1)
+
+
+def binned(by_run: dict[str, pd.DataFrame], runs: list[str], metric: str, edges: np.ndarray):
+    """(x (T,), Y (S, T)): per run (its step frame in ``by_run``), the mean of ``metric`` in each step bin."""
+    nb = len(edges) - 1
     x = (edges[:-1] + edges[1:]) / 2
     Y = np.full((len(runs), nb), np.nan)
     for i, run in enumerate(runs):
-        g = df[df["run"] == run]
+        g = by_run.get(run)
+        if g is None or metric not in g.columns:
+            continue
         v = g[metric].to_numpy(dtype=np.float64)
         ok = np.isfinite(v)
         b = np.clip(np.searchsorted(edges, g["step"].to_numpy(dtype=np.float64), side="right") - 1, 0, nb - 1)[ok]
-        cnt = np.bincount(b, minlength=nb)
         with np.errstate(invalid="ignore", divide="ignore"):
-            Y[i] = np.bincount(b, weights=v[ok], minlength=nb) / cnt
+            Y[i] = np.bincount(b, weights=v[ok], minlength=nb) / np.bincount(b, minlength=nb)
     return x, Y
 
 
@@ -112,24 +114,27 @@ def _curves_figure(rs, summary, curves, sweep, panels, style, title) -> plt.Figu
         return None
     labels = label_order(s)
     runs_of = {lab: list(s.loc[s["label"] == lab, "run"]) for lab in labels}
+    steps = rs.steps[rs.steps["run"].isin(s["run"])] if len(rs.steps) else rs.steps
+    mine = curves[curves["run"].isin(s["run"])] if len(curves) else curves
     panels = [
         (m, t)
         for m, t in panels
-        if (m in rs.steps.columns and rs.steps.loc[rs.steps["run"].isin(s["run"]), m].notna().any())
-        or (len(curves) and m in curves.columns and curves.loc[curves["run"].isin(s["run"]), m].notna().any())
+        if (m in steps.columns and steps[m].notna().any()) or (m in mine.columns and mine[m].notna().any())
     ]
     if not panels:
         return None
+    by_run = dict(tuple(steps.groupby("run", sort=False))) if len(steps) else {}
+    edges = step_bins(steps) if len(steps) else None
     ncol = min(3, len(panels))
     nrow = -(-len(panels) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow), squeeze=False)
     for ax, (metric, ylabel) in zip(axes.flat, panels):
         for lab in labels:
             colour, ls = style(lab)
-            if metric in rs.steps.columns:
-                x, Y = binned(rs.steps, runs_of[lab], metric)
+            if metric in steps.columns:
+                x, Y = binned(by_run, runs_of[lab], metric, edges)
             else:
-                x, Y = eval_matrix(curves, runs_of[lab], metric)
+                x, Y = eval_matrix(mine, runs_of[lab], metric)
             n = len(runs_of[lab])
             _band(ax, x, Y, colour, f"{lab} (n={n})", ls)
         ax.set_xlabel("RL step")

@@ -19,16 +19,15 @@ Runs of one label differ only by seed.
 
 from __future__ import annotations
 
-import gzip
 import json
-import math
 import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.json as pj
 import yaml
 
 from experiments.rundir import REPO_ROOT
@@ -97,21 +96,18 @@ class RunSet:
         if self._counts is None:
             frames = []
             for run, path in self._eval_files.items():
-                df = self._read_eval(run, path)
-                if df is None or not len(df):
-                    continue
-                g = df.groupby(COUNT_KEYS[1:], sort=True)["correct"].agg(n="size", c="sum").reset_index()
-                g.insert(0, "run", run)
-                g["problem_id"] = g["problem_id"].astype(str)
-                frames.append(g)
+                g = self._read_eval(run, path, count_eval)
+                if g is not None and len(g):
+                    g.insert(0, "run", run)
+                    frames.append(g)
             cols = {c: pd.Series(dtype=object) for c in COUNT_KEYS} | {"n": pd.Series(dtype="int64")}
             self._counts = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(cols | {"c": cols["n"]})
         return self._counts
 
-    def _read_eval(self, run: str, path: Path) -> pd.DataFrame | None:
+    def _read_eval(self, run: str, path: Path, reader=None) -> pd.DataFrame | None:
         sweep, run_id = run.split("/", 1)
         try:
-            df, bad = read_eval(path)
+            df, bad = (reader or read_eval)(path)
         except (OSError, ValueError) as e:
             self._issue(Issue(sweep, run_id, "bad_eval", f"{path.name} unreadable: {e}"))
             return None
@@ -126,6 +122,22 @@ class RunSet:
 
 
 # ---------------------------------------------------------------------------------------------- readers
+def gunzip_partial(data: bytes) -> tuple[bytes, bool]:
+    """Decompress gzip ``data`` (one or more members) as far as it goes: (bytes, whether the stream was complete).
+    A file cut short (a crash while compressing, a partial copy) yields everything before the cut."""
+    out = []
+    while data:
+        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            out.append(d.decompress(data))
+        except zlib.error:
+            return b"".join(out), False
+        if not d.eof:
+            return b"".join(out), False
+        data = d.unused_data
+    return b"".join(out), True
+
+
 def read_rows(path: Path) -> tuple[list[dict], list[tuple[str, str]]]:
     """Rows of a JSON-lines file (plain or .gz), never raising on bad content.
 
@@ -133,19 +145,13 @@ def read_rows(path: Path) -> tuple[list[dict], list[tuple[str, str]]]:
         (rows, problems); problems are (kind, message): ``truncated`` when the last line (or the gzip stream) is
         cut short, ``corrupt_lines`` when lines in the middle do not parse (they are skipped).
     """
-    opener = gzip.open if path.suffix == ".gz" else open
     problems: list[tuple[str, str]] = []
-    chunks = []
-    try:
-        with opener(path, "rt") as f:
-            while True:
-                chunk = f.read(1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        problems.append(("truncated", f"compressed stream cut short ({e}); kept the lines before"))
-    lines = "".join(chunks).split("\n")
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        raw, complete = gunzip_partial(raw)
+        if not complete:
+            problems.append(("truncated", "compressed stream cut short; kept the lines before the cut"))
+    lines = raw.decode("utf-8", errors="replace").split("\n")
     rows, bad = [], []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -163,34 +169,64 @@ def read_rows(path: Path) -> tuple[list[dict], list[tuple[str, str]]]:
     return rows, problems
 
 
-def read_eval(path: Path) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
-    """eval.jsonl(.gz) -> frame with EVAL_COLUMNS (extra fields dropped) and the problems found.
+def _arrow_eval(path: Path):
+    """The eval file as a pyarrow Table, or None when pyarrow cannot parse it (a truncated or corrupt line, NaN).
 
-    The fast path parses with pyarrow (installed with ``datasets``; ~3x faster than json.loads); a file it cannot
-    parse (a truncated or corrupt line, NaN) goes through :func:`read_rows`, which reports what was wrong.
-    """
+    pyarrow comes with ``datasets``; its JSON reader is ~3x faster than json.loads on these files."""
     try:
-        import pyarrow.json as pj
-
         table = pj.read_json(str(path))
-        df = table.select([c for c in EVAL_COLUMNS if c in table.column_names]).to_pandas()
-        problems: list[tuple[str, str]] = []
-    except Exception:  # noqa: BLE001 - any pyarrow parse failure: the robust reader says what is wrong
-        rows, problems = read_rows(path)
-        df = pd.DataFrame(rows)
+    except (pa.ArrowInvalid, OSError, EOFError):
+        return None
+    return table.select([c for c in EVAL_COLUMNS if c in table.column_names])
+
+
+def _normalise_eval(df: pd.DataFrame) -> pd.DataFrame:
+    if not len(df):
+        return pd.DataFrame(
+            {c: pd.Series(dtype="int64" if c in ("step", "sample", "correct") else object) for c in EVAL_COLUMNS}
+        )
     missing = [c for c in ("step", "problem_id", "correct") if c not in df.columns]
     if len(df) and missing:
         raise ValueError(f"rows lack the field(s) {', '.join(missing)}; expected {', '.join(EVAL_COLUMNS)}")
-    if "benchmark" not in df.columns:
-        df["benchmark"] = "eval"
-    if "decoding" not in df.columns:
-        df["decoding"] = "sampled"
-    if "sample" not in df.columns:
-        df["sample"] = 0
+    for col, value in {"benchmark": "eval", "decoding": "sampled", "sample": 0}.items():
+        if col not in df.columns:
+            df[col] = value
     if len(df):
         df["correct"] = df["correct"].astype(float).round().astype("int64")
         df["step"] = df["step"].astype("int64")
-    return df[[c for c in EVAL_COLUMNS if c in df.columns]], problems
+    return df[[c for c in EVAL_COLUMNS if c in df.columns]]
+
+
+def read_eval(path: Path) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """eval.jsonl(.gz) -> frame with EVAL_COLUMNS (extra fields dropped) and the problems found (as read_rows)."""
+    table = _arrow_eval(path)
+    if table is not None:
+        return _normalise_eval(table.to_pandas()), []
+    rows, problems = read_rows(path)
+    return _normalise_eval(pd.DataFrame(rows)), problems
+
+
+def count_eval(path: Path) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """Per (step, benchmark, decoding, problem_id) of one eval file: ``n`` samples, ``c`` correct; and problems.
+
+    Counted inside pyarrow when it parses the file, so no per-sample frame is built (100 runs x 50k labels).
+    """
+    table = _arrow_eval(path)
+    keys = COUNT_KEYS[1:]
+    if table is not None and {"step", "problem_id", "correct"} <= set(table.column_names):
+        for col, value in {"benchmark": "eval", "decoding": "sampled"}.items():
+            if col not in table.column_names:
+                table = table.append_column(col, pa.array([value] * len(table)))
+        g = table.group_by(keys).aggregate([("correct", "count"), ("correct", "sum")]).to_pandas()
+        g = g.rename(columns={"correct_count": "n", "correct_sum": "c"})
+        problems: list[tuple[str, str]] = []
+    else:
+        df, problems = read_eval(path)
+        g = df.groupby(keys, sort=False)["correct"].agg(n="size", c="sum").reset_index()
+    g["problem_id"] = g["problem_id"].astype(str)
+    g["c"] = g["c"].round().astype("int64")
+    g["n"] = g["n"].astype("int64")
+    return g.sort_values(keys, kind="stable").reset_index(drop=True)[[*keys, "n", "c"]], problems
 
 
 # ---------------------------------------------------------------------------------------------- folders
@@ -411,7 +447,3 @@ def status_report(rs: RunSet, expected: dict[str, list[str]] | None = None) -> d
         if missing:
             out[sweep]["missing"] = missing
     return out
-
-
-def is_number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)

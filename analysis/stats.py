@@ -8,6 +8,7 @@ requiring a minimum number of pairs (analysis/claims.yaml ``min_pairs``).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -61,13 +62,19 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
+@functools.lru_cache(maxsize=64)
 def resample_weights(n: int, n_boot: int, seed: int = 0) -> np.ndarray:
-    """(n_boot, n) weights of a bootstrap over n units: row b = counts of each unit in resample b, divided by n."""
+    """(n_boot, n) weights of a bootstrap over n units: row b = counts of each unit in resample b, divided by n.
+
+    Cached (read-only): every statistic over n seeds with the same seed reuses the same resamples.
+    """
     idx = torch.randint(0, n, (n_boot, n), generator=_generator(seed))
     counts = torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(
         1, idx, torch.ones(n_boot, n, dtype=torch.float64)
     )
-    return (counts / n).numpy()
+    w = (counts / n).numpy()
+    w.flags.writeable = False
+    return w
 
 
 def bootstrap_ci(
@@ -115,7 +122,12 @@ def bootstrap_band(curves, *, n_boot: int = 400, level: float = LEVEL, seed: int
         W = resample_weights(S, n_boot, seed)
         boot = (W @ X0) / (W @ present)  # (n_boot, T): each resample's mean over the seeds present at t
     alpha = (1 - level) / 2
-    lo, hi = np.nanquantile(boot, [alpha, 1 - alpha], axis=0) if np.isfinite(boot).any() else (mean, mean)
+    lo, hi = np.full_like(mean, np.nan), np.full_like(mean, np.nan)
+    full = np.isfinite(boot).all(0)  # columns every resample covers (plain quantile: fast)
+    lo[full], hi[full] = np.quantile(boot[:, full], [alpha, 1 - alpha], axis=0)
+    part = ~full & np.isfinite(boot).any(0)  # columns where some resamples drew only absent seeds
+    if part.any():
+        lo[part], hi[part] = np.nanquantile(boot[:, part], [alpha, 1 - alpha], axis=0)
     return mean, lo, hi
 
 

@@ -190,6 +190,8 @@ def fmt(x: float) -> str:
     """3 decimals, or 3 significant digits below 0.1 in magnitude (fractions like rescue_frac ~ 0.003)."""
     if x is None or not np.isfinite(x):
         return "–"
+    if abs(x) < 1e-12:  # float noise of a difference of equal numbers
+        x = 0.0
     if x != 0 and abs(x) < 0.1:
         return f"{x:.3g}"
     return f"{x:.3f}"

@@ -1,0 +1,324 @@
+"""analysis: statistics, loading run folders (good, partial and corrupted), per-run summary and tables.
+
+The fixture tests/fixtures/runs has a `rescue_vs_decay` sweep (hard / nsr / soft x seeds 0-2, 6 steps, eval of 2
+problems x 4 samples + greedy at steps 0 and 6) with numbers chosen to be checked by hand, and a `broken` sweep with
+one folder per way a run folder goes wrong. Regenerate the golden table with UPDATE_GOLDEN=1 after a deliberate
+format change, and review the diff.
+"""
+
+import gzip
+import itertools
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import stats, tables
+from analysis.load import RunWarning, count_eval, load_runs, read_rows
+from analysis.summary import STEP_METRICS, eval_curves, final_window, summarize
+
+FIXTURE = Path(__file__).parent / "fixtures" / "runs"
+GOLDEN = FIXTURE / "_golden"
+
+
+def load_fixture(**kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunWarning)
+        return load_runs(FIXTURE, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ stats
+def brute_pass_at_k(n, c, k):
+    """Fraction of the k-subsets of n samples (the first c correct) with at least one correct sample."""
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(i < c for i in s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_equals_brute_force_over_subsets():
+    cases = [(n, c, k) for n in range(1, 9) for c in range(n + 1) for k in range(1, n + 1)]
+    n, c, k_ = (np.array(x) for x in zip(*cases))
+    for k in range(1, 9):
+        sel = k_ == k
+        got = stats.pass_at_k(n[sel], c[sel], k)
+        want = [brute_pass_at_k(a, b, k) for a, b in zip(n[sel], c[sel])]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    # a large n, against the closed form with exact integers
+    got = stats.pass_at_k([100, 100, 100], [0, 3, 100], 16)
+    want = [1 - math.comb(100 - c, 16) / math.comb(100, 16) for c in (0, 3, 100)]
+    np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def test_pass_at_k_bad_input():
+    assert np.isnan(stats.pass_at_k([4], [2], 8)).all()  # fewer samples than k
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        stats.pass_at_k([4], [5], 1)
+    with pytest.raises(ValueError, match="k=0"):
+        stats.pass_at_k([4], [1], 0)
+    assert stats.pass_k_values(8) == [1, 2, 4, 8] and stats.pass_k_values(16) == [1, 2, 4, 8, 16]
+    assert stats.pass_k_values(12) == [1, 2, 4, 8, 12] and stats.pass_k_values(1) == [1]
+
+
+def test_bootstrap_ci_is_seeded_and_brackets_the_mean():
+    x = np.array([0.1, 0.4, 0.35, 0.2, 0.3])
+    a, b = stats.bootstrap_ci(x, seed=3), stats.bootstrap_ci(x, seed=3)
+    assert a == b
+    mean, lo, hi, n = a
+    assert mean == pytest.approx(x.mean()) and n == 5 and x.min() <= lo < mean < hi <= x.max()
+    y = np.linspace(0, 1, 20) ** 2
+    assert stats.bootstrap_ci(y, seed=4)[1:3] != stats.bootstrap_ci(y, seed=5)[1:3]  # another seed, other resamples
+    one = stats.bootstrap_ci([0.5, np.nan])
+    assert one[0] == 0.5 and np.isnan(one[1]) and one[3] == 1
+    assert stats.bootstrap_ci([])[3] == 0
+
+
+def test_t_interval_uses_exact_student_quantiles():
+    for df, q in [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)]:
+        assert stats.t_quantile(0.95, df) == pytest.approx(q, abs=1e-4)
+    assert stats.t_quantile(0.95, 2000) == pytest.approx(1.9612, abs=1e-3)
+    mean, lo, hi, n = stats.t_interval([1.0, 2.0, 3.0])
+    assert (mean, n) == (2.0, 3) and hi - mean == pytest.approx(4.3027 * 1.0 / math.sqrt(3), abs=1e-4)
+
+
+def test_small_samples_bootstrap_is_narrower_than_t():
+    # three same-sign differences: the percentile bootstrap never leaves [min, max] and excludes 0; t does not
+    d = [0.01, 0.5, 0.02]
+    _, blo, _, _ = stats.bootstrap_ci(d)
+    _, tlo, _, _ = stats.t_interval(d)
+    assert blo > 0 > tlo
+
+
+def test_bootstrap_band_handles_missing_seeds():
+    Y = np.array([[1.0, 2.0, np.nan], [3.0, 4.0, 5.0], [2.0, 3.0, 7.0]])
+    mean, lo, hi = stats.bootstrap_band(Y)
+    np.testing.assert_allclose(mean, [2.0, 3.0, 6.0])
+    assert np.all(lo <= mean) and np.all(mean <= hi) and np.all(np.isfinite(lo))
+    m1, l1, h1 = stats.bootstrap_band(Y[:1])
+    np.testing.assert_array_equal(l1, m1)
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def test_broken_folders_are_listed_never_fatal():
+    with pytest.warns(RunWarning):
+        rs = load_runs(FIXTURE)
+    kinds = {(i.run_id.split("-")[0], i.kind) for i in rs.issues}
+    assert {
+        ("failed", "failed"),
+        ("running", "running"),
+        ("truncated", "truncated"),
+        ("corrupt", "corrupt_lines"),
+        ("noconfig", "no_config"),
+        ("noeval", "no_eval"),
+    } <= kinds
+    failed = next(i for i in rs.issues if i.kind == "failed")
+    assert "loss is nan" in failed.message
+    runs = rs.runs.set_index("run_id")
+    assert not runs.filter(like="noconfig", axis=0).shape[0]  # no config: skipped, only listed
+    assert runs.loc[runs.index.str.startswith("failed"), "included"].item() is False
+    assert runs.loc[runs.index.str.startswith("running"), "included"].item() is False
+    steps = rs.steps.set_index("run")
+    assert list(steps.loc["broken/" + runs.index[runs.index.str.startswith("truncated")][0], "step"]) == [1, 2, 3, 4, 5]
+    assert list(steps.loc["broken/" + runs.index[runs.index.str.startswith("corrupt")][0], "step"]) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
+    # the eval file cut mid-stream: what was before the cut is used, and the cut is reported
+    with pytest.warns(RunWarning, match="cut short"):
+        counts = rs.eval_counts()
+    cut = counts[counts["run"].str.contains("cuteval")]
+    assert 0 < cut["n"].sum() < 40
+    assert ("cuteval", "truncated") in {(i.run_id.split("-")[0], i.kind) for i in rs.issues}
+
+
+def test_states_select_partial_runs():
+    rs = load_fixture(states=("done", "running"))
+    assert rs.runs.set_index("run_id").filter(like="running", axis=0)["included"].item()
+    assert rs.steps["run"].str.contains("running").any()
+
+
+def test_read_rows_reports_truncation_and_corruption(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 1}\n{bad\n{"step": 2}\n{"step": 3')
+    rows, problems = read_rows(p)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [k for k, _ in problems] == ["truncated", "corrupt_lines"]
+    p.write_text('{"step": 1}\n{"step": 2}\n')
+    assert read_rows(p) == ([{"step": 1}, {"step": 2}], [])
+
+
+def test_eval_counts_from_arrow_and_python_paths_agree(tmp_path):
+    rows = [
+        {"step": 0, "benchmark": "b", "problem_id": p, "decoding": d, "sample": s, "correct": (p + s) % 2}
+        for p in range(3)
+        for d, ns in (("greedy", 1), ("sampled", 4))
+        for s in range(ns)
+    ]
+    good = tmp_path / "eval.jsonl"
+    good.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bad = tmp_path / "bad" / "eval.jsonl.gz"
+    bad.parent.mkdir()
+    with gzip.open(bad, "wt") as f:  # a truncated last line forces the python reader
+        f.write("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 0, "bench')
+    a, pa = count_eval(good)
+    b, pb = count_eval(bad)
+    assert pa == [] and [k for k, _ in pb] == ["truncated"]
+    pd.testing.assert_frame_equal(a, b)
+    assert list(a.loc[a["decoding"] == "sampled", "c"]) == [2, 2, 2] and set(a["n"]) == {1, 4}
+
+
+def test_tensorboard_only_run_is_read_with_openrlhf_names(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "main" / "nsr-s0-00000000"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        "loss: {rule: nsr}\nseed: 0\nmeta: {sweep: main, arm: nsr, seed: 0, baseline: hard, point: {}}\n"
+    )
+    (run / "status.json").write_text('{"state": "done"}')
+    w = SummaryWriter(str(run / "tensorboard" / "ppo_1130T20:00"))
+    for step in (1, 2, 3):
+        w.add_scalar("train/rollout/reward_mean", 0.1 * step, step)
+        w.add_scalar("train/entropy_loss", 1.0 / step, step)
+        w.add_scalar("train/ppo_clip_ratio", 0.03, step)
+        w.add_scalar("train/nsr_rescue_frac", 0.004, step)
+        w.add_scalar("train/actor_grad_norm", 0.5, step)
+    w.close()
+    with pytest.warns(RunWarning, match="no_eval"):
+        rs = load_runs(tmp_path)
+    assert rs.runs["metrics_source"].tolist() == ["tensorboard"]
+    st = rs.steps
+    assert st["step"].tolist() == [1, 2, 3]
+    np.testing.assert_allclose(st["reward_mean"], [0.1, 0.2, 0.3], rtol=1e-6)
+    np.testing.assert_allclose(st["entropy"], [1.0, 0.5, 1 / 3], rtol=1e-6)
+    np.testing.assert_allclose(st["clip_frac"], 0.03, rtol=1e-6)
+    s = summarize(rs)
+    assert s["final_reward"].item() == pytest.approx(0.3, rel=1e-6)
+    assert s["rescue_frac"].item() == pytest.approx(0.004, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ summary (golden)
+def raw_eval(run_dir: Path) -> list[dict]:
+    with gzip.open(run_dir / "eval.jsonl.gz", "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_summary_matches_the_raw_files():
+    rs = load_fixture(sweeps=["rescue_vs_decay"])
+    s = summarize(rs).set_index("run")
+    assert len(s) == 9 and set(s["label"]) == {"hard", "nsr", "soft"}
+    for run, path in rs.runs.set_index("run")["path"].items():
+        metrics = [json.loads(line) for line in open(Path(path) / "metrics.jsonl")]
+        w = final_window(len(metrics))
+        assert s.at[run, "final_reward"] == pytest.approx(np.mean([m["reward_mean"] for m in metrics[-w:]]))
+        assert s.at[run, "clip_frac"] == pytest.approx(
+            np.mean([m["clip_frac_low"] + m["clip_frac_high"] for m in metrics])
+        )
+        ev = [r for r in raw_eval(Path(path)) if r["step"] == 6]
+        sampled = [r for r in ev if r["decoding"] == "sampled"]
+        for k in (1, 2, 4):
+            per = [brute_pass_at_k(4, sum(r["correct"] for r in sampled if r["problem_id"] == p), k) for p in (0, 1)]
+            assert s.at[run, f"pass@{k}"] == pytest.approx(np.mean(per))
+        greedy = [r["correct"] for r in ev if r["decoding"] == "greedy"]
+        assert s.at[run, "greedy"] == pytest.approx(np.mean(greedy))
+        assert s.at[run, "eval_step"] == 6
+
+
+def test_summary_hand_values():
+    s = summarize(load_fixture(sweeps=["rescue_vs_decay"]))
+    by = s.set_index(["label", "seed"])
+    # 6 steps -> the final window is the last step: reward 0.1 * 6 + 0.01 * seed + arm offset
+    assert by.at[("hard", 0), "final_reward"] == pytest.approx(0.6)
+    assert by.at[("nsr", 1), "final_reward"] == pytest.approx(0.66)
+    # hard's entropy 0.5 0.4 0.3 0.45 0.2 0.1 rises 0.15 above its running minimum; nsr and soft never rise
+    assert by.at[("hard", 2), "entropy_spike"] == pytest.approx(0.15)
+    assert by.at[("nsr", 0), "entropy_spike"] == 0 and by.at[("soft", 0), "entropy_spike"] == 0
+    # hard seed 0 at step 6: problem 0 has 1 of 4 correct, problem 1 none; greedy right on problem 0 only
+    assert by.at[("hard", 0), "pass@1"] == pytest.approx(1 / 8)
+    assert by.at[("hard", 0), "pass@2"] == pytest.approx((1 - 3 / 6) / 2)
+    assert by.at[("hard", 0), "pass@4"] == pytest.approx(0.5)
+    assert by.at[("hard", 0), "greedy"] == pytest.approx(0.5)
+    assert by.at[("nsr", 0), "rescue_frac"] == pytest.approx(0.004)
+    assert set(STEP_METRICS) <= set(s.columns)
+
+
+def test_paired_difference_pairs_by_seed():
+    s = summarize(load_fixture(sweeps=["rescue_vs_decay"]))
+    d = tables.paired_vs_baseline(s, metrics=["pass@1", "final_reward"]).set_index(["label", "metric"])
+    # nsr pass@1 by seed 3/8, 3/8, 4/8; hard 1/8, 2/8, 2/8 -> differences 2/8, 1/8, 2/8
+    assert d.at[("nsr", "pass@1"), "mean"] == pytest.approx(5 / 24)
+    assert d.at[("nsr", "pass@1"), "n"] == 3 and d.at[("nsr", "pass@1"), "vs"] == "hard"
+    assert d.at[("nsr", "final_reward"), "mean"] == pytest.approx(0.05)  # same seed offsets cancel exactly
+    lo, hi = d.at[("nsr", "pass@1"), "lo"], d.at[("nsr", "pass@1"), "hi"]
+    assert 1 / 8 <= lo <= 5 / 24 <= hi <= 2 / 8
+    assert "soft" in d.index.get_level_values(0) and "hard" not in d.index.get_level_values(0)
+
+
+def test_counterparts_match_on_shared_axes():
+    s = pd.DataFrame(
+        {
+            "label": ["hard", "noisy sigma=0.1", "noisy sigma=0.2", "clean sigma=0.1", "clean sigma=0.2"],
+            "arm": ["hard", "noisy", "noisy", "clean", "clean"],
+            "point": [{}, {"s": 0.1}, {"s": 0.2}, {"s": 0.1}, {"s": 0.2}],
+            "baseline": "hard",
+            "seed": 0,
+        }
+    )
+    assert tables.counterparts(s, "noisy sigma=0.2", "clean") == ["clean sigma=0.2"]
+    assert tables.counterparts(s, "noisy sigma=0.2", "hard") == ["hard"]
+    assert tables.counterparts(s, "noisy sigma=0.2", "clean", ignore={"s"}) == ["clean sigma=0.1", "clean sigma=0.2"]
+    assert tables.select_labels(s, "noisy", {"s": 0.1}) == ["noisy sigma=0.1"]
+    assert tables.label_order(s)[0] == "hard"
+
+
+def test_golden_table():
+    s = summarize(load_fixture(sweeps=["rescue_vs_decay"]))
+    t = tables.sweep_tables(s, "rescue_vs_decay")
+    for kind in ("md", "tex"):
+        path = GOLDEN / f"rescue_vs_decay.{kind}"
+        if os.environ.get("UPDATE_GOLDEN"):
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(t[kind])
+        assert t[kind] == path.read_text(), f"{path} differs; UPDATE_GOLDEN=1 rewrites it after a deliberate change"
+    assert "| nsr | 3 |" in t["md"] and "\\begin{tabular}" in t["tex"]
+
+
+def test_main_table_puts_paper_and_ours_side_by_side(tmp_path):
+    paper = tables.load_paper()
+    assert {"Qwen2.5-Math-7B", "Qwen3-8B", "Qwen3-30B-A3B"} <= set(paper["model"])
+    row = paper[(paper["model"] == "Qwen2.5-Math-7B") & (paper["metric"] == "pass@1")].iloc[0]
+    assert (row.baseline, row.nsr, row.delta) == (35.83, 40.76, 4.93)
+    # our main-sweep runs: the fixture's runs relabelled as a main sweep of Qwen2.5-Math-7B (DAPO, token level)
+    rs = load_fixture(sweeps=["rescue_vs_decay"])
+    s = summarize(rs)
+    s = s[s["arm"].isin(["hard", "nsr"])].assign(sweep="main")
+    runs = rs.runs.assign(**{"model.name": "Qwen/Qwen2.5-Math-7B"})
+    s = s.rename(columns={"pass@1[countdown3]": "pass@1[AIME24]"})
+    md = tables.main_table(s, runs, paper)["md"]
+    line = next(x for x in md.splitlines() if x.startswith("| Qwen2.5-Math-7B | DAPO | AIME24 | pass@1 |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[4:7] == ["35.83", "40.76", "4.93"]
+    assert cells[7] == f"{100 * 5 / 24:.2f}" and cells[8] == f"{100 * 10 / 24:.2f}" and cells[10] == "3"
+    assert cells[9].startswith(f"{tables.fmt(100 * 5 / 24)}*")
+    with pytest.raises(ValueError, match="missing column"):
+        bad = tmp_path / "p.csv"
+        bad.write_text("model,metric\nx,pass@1\n")
+        tables.load_paper(bad)
+
+
+def test_eval_curves_per_step():
+    rs = load_fixture(sweeps=["rescue_vs_decay"])
+    cur = eval_curves(rs.eval_counts())
+    at0 = cur[cur["step"] == 0]
+    # step 0: one correct sample of 4 per problem for every run; greedy always wrong
+    np.testing.assert_allclose(at0["pass@1"], 0.25)
+    np.testing.assert_allclose(at0["pass@4"], 1.0)
+    np.testing.assert_allclose(at0["greedy"], 0.0)
+    assert len(cur) == 18
