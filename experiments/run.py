@@ -16,6 +16,7 @@ folder of the same config resumes from its last checkpoint. Bad config: a clear 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import traceback
@@ -113,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run folder (default results/runs/<sweep>/<run_id>)")
     p.add_argument("--force", action="store_true", help="rerun a finished run from scratch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="openrlhf backend: print one JSON line per run (run_id, the full launcher argv, the part OpenRLHF's "
+        "parser receives), checked with OpenRLHF's own parser when openrlhf is installed; --run is then optional",
+    )
     return p
 
 
@@ -121,7 +128,7 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
     if args.sweep:
         if args.config or args.overrides:
             raise ConfigError("give either a config file with overrides, or --sweep with --run, not both")
-        if not args.run_id:
+        if not args.run_id and not getattr(args, "dry_run", False):
             raise ConfigError("--sweep needs --run RUN_ID (list them with: python -m slurm.submit SWEEP --dry-run)")
         from sweeps import resolve_run
 
@@ -134,8 +141,45 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
     return cfg, f"{name}-{cfg.run_hash()}", "adhoc", {"sweep": "adhoc", "arm": name, "seed": cfg.seed}
 
 
+def dry_run(args) -> list[dict]:
+    """The launcher command of each run (all of --sweep, or the one of --run / a config): no Ray, no vLLM."""
+    from experiments.openrlhf.argv import build_command
+
+    if args.sweep and not args.run_id:
+        from sweeps import expand
+
+        specs = [(s.config, s.run_id, s.sweep) for s in expand(args.sweep, preset=args.preset)]
+    else:
+        cfg, run_id, sweep, _ = resolve(args)
+        specs = [(cfg, run_id, sweep)]
+    try:
+        from nsr.openrlhf.cli import CLIError, parse
+    except ImportError:  # openrlhf not installed: print the commands unchecked
+        parse = None
+    out = []
+    for cfg, run_id, sweep in specs:
+        run_dir = Path(args.out) if args.out and len(specs) == 1 else default_out(sweep, run_id)
+        cmd = build_command(cfg, run_dir, run_id)
+        if parse is not None:
+            try:
+                parse(cmd.openrlhf_argv)
+            except CLIError as e:
+                raise ConfigError(f"{run_id}: {e}") from None
+        out.append({"run_id": run_id, "argv": cmd.argv, "openrlhf_argv": cmd.openrlhf_argv})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.dry_run:
+        try:
+            lines = dry_run(args)
+        except (ConfigError, ImportError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for line in lines:
+            print(json.dumps(line))
+        return 0
     try:
         cfg, run_id, sweep, meta = resolve(args)
     except ConfigError as e:

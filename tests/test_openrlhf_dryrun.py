@@ -1,0 +1,61 @@
+"""``python -m experiments.run --sweep SWEEP [--run RUN_ID] --dry-run``: one JSON line per run with the full launcher
+command and the part OpenRLHF's parser receives; imports neither Ray nor vLLM (they are made unimportable here)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "sweeps" / "main.yaml"
+NO_RAY = "import sys; sys.modules['ray'] = None; sys.modules['vllm'] = None; sys.modules['deepspeed'] = None; "
+
+
+def _dry(*args):
+    code = NO_RAY + f"from experiments.run import main; sys.exit(main({list(args)!r}))"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def lines():
+    proc = _dry("--sweep", str(SWEEP), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_one_line_per_run_of_the_sweep(lines):
+    from sweeps import expand
+
+    assert [ln["run_id"] for ln in lines] == [s.run_id for s in expand(SWEEP)]
+    for ln in lines:
+        assert ln["argv"][1:3] == ["-m", "nsr.openrlhf.launch"]
+        assert ln["argv"][-len(ln["openrlhf_argv"]) :] == ln["openrlhf_argv"]
+        nsr_flags = ln["argv"][3 : len(ln["argv"]) - len(ln["openrlhf_argv"])]
+        assert all(not a.startswith("--") or a.startswith("--nsr.") for a in nsr_flags)
+        out = ln["openrlhf_argv"][ln["openrlhf_argv"].index("--logger.tensorboard_dir") + 1]
+        assert Path(out) == ROOT / "results" / "runs" / "main" / ln["run_id"] / "tensorboard"
+
+
+def test_rules_reach_the_launcher_only(lines):
+    rules = {
+        ln["run_id"]: ln["argv"][ln["argv"].index("--nsr.rule") + 1] if "--nsr.rule" in ln["argv"] else "hard"
+        for ln in lines
+    }
+    assert set(rules.values()) == {"hard", "nsr"}
+    assert all("--nsr.rule" not in ln["openrlhf_argv"] for ln in lines)
+
+
+def test_one_run(lines):
+    run_id = lines[1]["run_id"]
+    proc = _dry("--sweep", str(SWEEP), "--run", run_id, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(x) for x in proc.stdout.splitlines()] == [lines[1]]
+
+
+def test_bad_requests_are_clear_errors():
+    proc = _dry("--sweep", str(SWEEP), "--preset", "tiny", "--dry-run")
+    assert proc.returncode == 2 and "backend='tiny' is not valid here; allowed: openrlhf" in proc.stderr
+    proc = _dry("--sweep", str(SWEEP), "--run", "no-such-run", "--dry-run")
+    assert proc.returncode == 2 and "no-such-run" in proc.stderr
