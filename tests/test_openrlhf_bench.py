@@ -1,0 +1,36 @@
+"""The GPU timing script runs end to end (CPU smoke size; no timing is asserted)."""
+
+import json
+
+from nsr.openrlhf.bench_gpu import main
+
+
+def test_bench_gpu_smoke_on_cpu(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert (
+        main(
+            [
+                "--device",
+                "cpu",
+                "--B",
+                "4",
+                "--T",
+                "64",
+                "--dtype",
+                "float32",
+                "--repeats",
+                "2",
+                "--rules",
+                "hard",
+                "nsr",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    res = json.loads(out.read_text())
+    assert [r["loss"] for r in res["rows"]] == ["openrlhf", "hard", "nsr"]
+    assert res["rows"][0]["ratio_to_openrlhf"] == 1.0 and all(r["median_ms"] > 0 for r in res["rows"])
+    assert 0 < res["clip_frac"] < 0.5
+    assert "x OpenRLHF" in capsys.readouterr().out
