@@ -53,7 +53,7 @@ class RunJob:
                 raise
             except SystemExit:
                 if self._requeued:  # submitit's USR2 handler exits after requeueing: not a failure
-                    rd.set_status("cancelled", error=REQUEUED)
+                    rd.set_status("cancelled", error=REQUEUED, traceback=None)
                 raise
 
         if cfg.backend == "openrlhf" and cfg.openrlhf.nodes > 1:

@@ -27,12 +27,12 @@ Run = preset < base < arm < (factor bundles, grid values) < seed, in that preced
 also be an axis of that arm, and axes must not share keys (the value would be ambiguous); ``seed`` is set only by
 ``seeds``. Without ``arms`` there is one arm, ``default``.
 
-Each run gets ``run_id`` = readable name + ``-`` + ``cfg.run_hash()``, e.g. ``gspo-nsr-s0-1a2b3c4d`` (preset axis,
-factor labels, arm, grid values, seed), and ``meta`` = ``{sweep, arm, point, seed, baseline, preset}``, where
-``point`` maps each axis of the run to its value: ``{"loss.delta": 0.2}`` for a grid key, ``{"base": "gspo"}`` for
-a factor, ``{"preset": name}`` for a preset axis. Pairing rule for the analysis: a run is compared with the
-baseline arm's run of the same seed whose point agrees on the baseline's own axes (a baseline without axes pairs
-with every point; preset is always part of the point when it is an axis).
+Each run gets ``run_id`` = readable name + ``-`` + ``cfg.run_hash()``, e.g. ``gspo-nsr-s0-1a2b3c4d`` (preset
+axis, sweep factor labels, arm, the arm's factor labels, grid values, seed; a numeric label reads name+value), and
+``meta`` = ``{sweep, arm, point, seed, baseline, preset}``, where ``point`` maps each axis of the run to its value:
+``{"loss.delta": 0.2}`` for a grid key, ``{"base": "gspo"}`` for a factor, ``{"preset": name}`` for a preset axis.
+Pairing rule for the analysis: a run is compared with the baseline arm's run of the same seed whose point agrees on
+the baseline's own axes (a baseline without axes pairs with every point; preset is in the point when it is an axis).
 
 Every error (unknown key, wrong type or range, unknown preset or rule, empty grid, duplicate run) is a
 :class:`SweepError` naming the file, the key and the allowed values, raised before anything runs.
@@ -88,8 +88,8 @@ class Sweep:
     presets: tuple[str, ...]
     base: dict[str, Any]
     arms: dict[str, dict[str, Any]]
-    """arm label -> {"set": overrides, "grid": {key: [values]}, "factors": {name: {label: overrides}}}, with the
-    sweep-level grid and factors already merged in."""
+    """arm label -> {"set": overrides, "grid": {key: [values]}, "factors": {name: [(label, overrides)]}, "shared":
+    names of the sweep-level factors}, with the sweep-level grid and factors merged in."""
     seeds: tuple[int, ...]
     baseline: str | None
 
@@ -273,7 +273,7 @@ def load_sweep(sweep: str | Path) -> Sweep:
             if k in sets:
                 raise SweepError(f"{path}: arms.{label}: key {k!r} is set by the arm and by its axis {axis}")
             seen[k] = axis
-        arms[label] = {"set": sets, "grid": merged_grid, "factors": merged_factors}
+        arms[label] = {"set": sets, "grid": merged_grid, "factors": merged_factors, "shared": set(factors)}
 
     seeds = data.get("seeds", [0])
     ok = isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
@@ -312,7 +312,7 @@ def _load_preset(preset: str, presets_dir: Path | None, source: Path) -> tuple[P
 
 
 def expand(sweep: str | Path | Sweep, preset: str | None = None, presets_dir: Path | None = None) -> list[RunSpec]:
-    """Every run of a sweep, validated: RunSpecs in a stable order (preset, factors, arm, grid, seed).
+    """Every run of a sweep, validated: RunSpecs in a stable order (preset, arm, factors, grid, seed).
 
     ``preset`` replaces the sweep's preset (or preset axis); ``presets_dir`` is where names are looked up
     (default sweeps/presets). Raises SweepError on any bad value, before returning anything.
@@ -333,12 +333,14 @@ def expand(sweep: str | Path | Sweep, preset: str | None = None, presets_dir: Pa
                 for g_choice in itertools.product(*g_vals):
                     point: dict[str, Any] = {"preset": pname} if len(presets) > 1 else {}
                     overrides = {**sw.base, **spec["set"]}
-                    parts = [pname] if len(presets) > 1 else []
+                    before = [pname] if len(presets) > 1 else []  # preset axis and sweep factors, then arm
+                    after = []  # the arm's own factors and grid values
                     for fname, (label, ov) in zip(fnames, f_choice):
                         point[fname] = label
                         overrides.update(ov)
-                        parts.append(f"{fname}{_fmt(label)}" if isinstance(label, (int, float)) else label)
-                    parts.append(arm)
+                        text = f"{fname}{_fmt(label)}" if isinstance(label, (int, float)) else label
+                        (before if fname in spec["shared"] else after).append(text)
+                    parts = [*before, arm, *after]
                     for k, v in zip(gkeys, g_choice):
                         point[k] = v
                         overrides[k] = v
