@@ -29,7 +29,14 @@ from nsr.openrlhf.settings import NSRSettings, stream_seed
 def _loss_module():
     """The real ``openrlhf.models.loss`` where it imports (flash-attn and DeepSpeed present, or already imported),
     else OpenRLHF's same file by path; checked first so a CPU import does not pay for transformers + peft."""
-    real = "openrlhf.models.loss" in sys.modules or all(find_spec(m) for m in ("flash_attn", "deepspeed"))
+
+    def present(name):
+        try:
+            return find_spec(name) is not None
+        except ValueError:  # a placeholder module without a spec (reference.py's deepspeed stand-in)
+            return False
+
+    real = "openrlhf.models.loss" in sys.modules or all(present(m) for m in ("flash_attn", "deepspeed"))
     return load_loss_module(prefer_real=real)
 
 
