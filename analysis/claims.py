@@ -67,7 +67,7 @@ class Side:
 
 
 @dataclass(frozen=True)
-class Test:
+class Comparison:
     a: Side
     b: Side
     metric: str
@@ -84,7 +84,7 @@ class Claim:
     claim: str
     source: str
     sweep: str
-    tests: tuple[Test, ...]
+    tests: tuple[Comparison, ...]
 
 
 def _side(value, where: str) -> Side:
@@ -131,7 +131,9 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
             if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
                 raise ValueError(f"{tw}.margin={margin!r} is not valid; allowed: a number >= 0")
             tests.append(
-                Test(_side(t["a"], f"{tw}.a"), _side(t["b"], f"{tw}.b"), str(t["metric"]), t["expect"], float(margin))
+                Comparison(
+                    _side(t["a"], f"{tw}.a"), _side(t["b"], f"{tw}.b"), str(t["metric"]), t["expect"], float(margin)
+                )
             )
         if not tests:
             raise ValueError(f"{where}.tests is empty; allowed: a list of at least one test")
@@ -149,7 +151,7 @@ def interval(diffs: np.ndarray, seed: int = 0) -> tuple[float, float, float, int
     return mean, min(blo, tlo), max(bhi, thi), n
 
 
-def verdict(test: Test, lo: float, hi: float, n: int, min_pairs: int) -> str:
+def verdict(test: Comparison, lo: float, hi: float, n: int, min_pairs: int) -> str:
     """One comparison's verdict (see analysis/claims.yaml for the rule)."""
     if n == 0:
         return NO_DATA
@@ -171,18 +173,21 @@ def combine(verdicts: list[str]) -> str:
     return INCONCLUSIVE
 
 
-def comparisons(s: pd.DataFrame, test: Test) -> list[dict]:
+def comparisons(s: pd.DataFrame, test: Comparison) -> list[dict]:
     """Every (label of a, its counterpart in b) pair of one test, with the paired difference of test.metric."""
     out = []
     ignore = set(test.a.point) | set(test.b.point)
     for la in select_labels(s, test.a.arm, test.a.point):
         cps = counterparts(s, la, test.b.arm, test.b.point, ignore=ignore)
         if len(cps) != 1 or test.metric not in s.columns:
-            why = "metric not in the summary" if test.metric not in s.columns else f"{len(cps)} counterparts"
+            if test.metric not in s.columns:
+                why = f"no {test.metric} in the runs"
+            else:
+                why = f"no runs of {test.b}" if not cps else f"{len(cps)} candidates: {', '.join(cps)}"
             out.append(
                 {
                     "a": la,
-                    "b": ", ".join(cps) or "–",
+                    "b": str(test.b),
                     "mean": math.nan,
                     "lo": math.nan,
                     "hi": math.nan,

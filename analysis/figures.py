@@ -16,7 +16,6 @@ seeds are taken, which both smooths single-rollout noise and keeps the figures f
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -157,19 +156,17 @@ def _curves_figure(rs, summary, curves, sweep, panels, style, title) -> plt.Figu
     return fig
 
 
-def dynamics(rs, summary, curves, sweep: str, path: Path, formats=("png",)) -> list[Path]:
-    """Training dynamics of one sweep (see the module docstring); ``curves`` = summary.eval_curves(...)."""
+def dynamics_figure(rs, summary, curves, sweep: str) -> plt.Figure | None:
+    """The training-dynamics figure of one sweep (None without runs); ``curves`` = summary.eval_curves(...)."""
     s = summary[summary["sweep"] == sweep]
     cols = colours(label_order(s))
-    fig = _curves_figure(
-        rs,
-        summary,
-        curves,
-        sweep,
-        PANELS,
-        lambda lab: (cols[lab], "-"),
-        f"{sweep}: mean over seeds, band = 95% bootstrap CI",
-    )
+    title = f"{sweep}: mean over seeds, band = 95% bootstrap CI"
+    return _curves_figure(rs, summary, curves, sweep, PANELS, lambda lab: (cols[lab], "-"), title)
+
+
+def dynamics(rs, summary, curves, sweep: str, path: Path, formats=("png",)) -> list[Path]:
+    """Save :func:`dynamics_figure` at ``path``; returns the files written."""
+    fig = dynamics_figure(rs, summary, curves, sweep)
     return save(fig, path, formats) if fig is not None else []
 
 
@@ -327,12 +324,3 @@ def theory(path: Path, deltas=(0.1, 0.2, 0.3, 0.5), mc_deltas=(0.2, 0.5), format
     )
     fig.tight_layout()
     return save(fig, path, formats)
-
-
-FIGURES: dict[str, Callable] = {
-    "dynamics": dynamics,
-    "delta_sweep": delta_sweep,
-    "theory": theory,
-    "judge_executor": judge_executor,
-}
-"""Every figure function (make_all decides which apply to the runs it finds)."""

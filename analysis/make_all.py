@@ -78,6 +78,11 @@ def status_markdown(report: dict, issues, notes) -> str:
         known = ("done", "running", "failed", "cancelled", "missing")
         other = sum(len(v) for k, v in states.items() if k not in known)
         lines.append(f"| {sweep} | " + " | ".join(str(len(states.get(k, []))) for k in known) + f" | {other} |")
+    listed = [(sweep, st, ids) for sweep, states in report.items() for st, ids in states.items() if st != "done"]
+    listed = [x for x in listed if not (x[1] == "missing" and set(report[x[0]]) == {"missing"})]  # never run
+    if listed:
+        lines += ["", "Runs not done:", ""]
+        lines += [f"- {sweep} {st}: {', '.join(ids)}" for sweep, st, ids in listed]
     if issues:
         lines += ["", "Load issues (runs not done are excluded from the tables):", ""]
         lines += [f"- {i}" for i in issues]

@@ -110,26 +110,17 @@ def eval_text(spec: ArmSpec, seed: int, steps: int, every: int, n_prompts: int, 
     return "".join(lines)
 
 
-def write_folder(
-    run_dir: Path,
-    cfg: RunConfig,
-    meta: dict,
-    spec: ArmSpec,
-    *,
-    every: int = 100,
-    n_prompts: int = 64,
-    n_samples: int = 8,
-    state: str = "done",
-) -> None:
-    """Write one synthetic run folder for ``cfg`` (its train.steps steps) with ``meta`` in config.yaml."""
+def write_folder(run_dir: Path, cfg: RunConfig, meta: dict, spec: ArmSpec, state: str = "done") -> None:
+    """Write one synthetic run folder for ``cfg`` (train.steps steps; eval as cfg.eval says: every, n_prompts,
+    n_samples) with ``meta`` (sweep, arm, point, seed, baseline, ...) in its config.yaml."""
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = {"run_id": run_dir.name, "run_hash": cfg.run_hash(), "git_commit": "synthetic", **meta}
     (run_dir / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "meta": meta}, sort_keys=False))
     key = f"{meta.get('sweep')}/{meta.get('arm')}/{json.dumps(meta.get('point', {}), sort_keys=True)}"
-    steps, seed = cfg.train.steps, cfg.seed
+    steps, seed, ev = cfg.train.steps, cfg.seed, cfg.eval
     rows = metrics_rows(spec, seed, steps, key)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-    text = eval_text(spec, seed, steps, every, n_prompts, n_samples, key)
+    text = eval_text(spec, seed, steps, ev.every, ev.n_prompts, ev.n_samples, key)
     with open(run_dir / "eval.jsonl.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
         f.write(text.encode())
     status = {"state": state, "created": 0.0, "updated": 0.0, "finished": 0.0}
@@ -137,14 +128,25 @@ def write_folder(
 
 
 def write_run(
-    path: Path, sweep: str, arm: str, spec: ArmSpec, seed: int, *, steps: int, baseline: str | None, **kw
+    path: Path,
+    sweep: str,
+    arm: str,
+    spec: ArmSpec,
+    seed: int,
+    *,
+    steps: int,
+    baseline: str | None,
+    every: int = 100,
+    n_prompts: int = 64,
+    n_samples: int = 8,
 ) -> str:
     """Write a synthetic run of ``arm`` (default RunConfig + spec.overrides) under ``path``; returns its run id."""
-    data = apply_overrides(RunConfig().to_dict(), {**spec.overrides, "seed": seed, "train.steps": steps})
-    cfg = from_dict(data)
+    overrides = {**spec.overrides, "seed": seed, "train.steps": steps, "eval.every": every}
+    overrides |= {"eval.n_prompts": n_prompts, "eval.n_samples": n_samples}
+    cfg = from_dict(apply_overrides(RunConfig().to_dict(), overrides))
     run_id = f"{arm}-s{seed}-{cfg.run_hash()}"
     meta = {"sweep": sweep, "arm": arm, "point": dict(spec.point), "seed": seed, "baseline": baseline}
-    write_folder(Path(path) / run_id, cfg, meta, spec, **kw)
+    write_folder(Path(path) / run_id, cfg, meta, spec)
     return run_id
 
 
