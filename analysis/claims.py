@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from analysis.load import YAML_LOADER
 from analysis.stats import bootstrap_ci, paired_differences, t_interval
 from analysis.tables import counterparts, fmt, select_labels
 from nsr.registry import Registry
@@ -101,7 +102,7 @@ def _side(value, where: str) -> Side:
 def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
     """(claims, min_pairs) from a claims file; ValueError naming the file and key on any bad entry."""
     path = Path(path)
-    data = yaml.safe_load(path.read_text()) or {}
+    data = yaml.load(path.read_text(), Loader=YAML_LOADER) or {}
     unknown = set(data) - {"min_pairs", "claims"}
     if unknown:
         raise ValueError(f"{path}: unknown key {sorted(unknown)[0]!r}; allowed: min_pairs, claims")

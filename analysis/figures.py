@@ -44,18 +44,32 @@ DELTA_RULES = ("nsr", "soft", "pushout", "nsr_pushout")
 """Rules whose behaviour depends on loss.delta (x = delta in the delta figure)."""
 
 
-def save(fig, path: Path, formats=("png",)) -> list[Path]:
-    """Save ``fig`` as path.<fmt> for each format, without timestamps or version strings (stable bytes)."""
+def save(fig, path: Path, formats=("png",), tight: bool = False) -> list[Path]:
+    """Save ``fig`` as path.<fmt> for each format, without timestamps or version strings (stable bytes);
+    ``tight`` crops to the drawn artists (for a legend placed outside the axes)."""
     out = []
     path.parent.mkdir(parents=True, exist_ok=True)
     for f in formats:
         p = path.with_suffix(f".{f}")
         meta = {"png": {"Software": None}, "pdf": {"CreationDate": None, "Producer": None, "Creator": None}}
         meta["svg"] = {"Date": None, "Creator": None}
-        fig.savefig(p, dpi=DPI, metadata=meta.get(f, {}), bbox_inches="tight")
+        fig.savefig(p, dpi=DPI, metadata=meta.get(f, {}), bbox_inches="tight" if tight else None)
         out.append(p)
     plt.close(fig)
     return out
+
+
+def legend_below(fig, ax, per_row: int = 4) -> None:
+    """One figure legend under the panels: the figure grows by the legend's height (no bbox_inches="tight",
+    which costs a second full draw per figure)."""
+    handles, names = ax.get_legend_handles_labels()
+    rows = -(-len(names) // per_row) if names else 0
+    w, h = fig.get_size_inches()
+    extra = 0.22 * rows + 0.1
+    fig.set_size_inches(w, h + extra)
+    if names:
+        fig.legend(handles, names, loc="lower center", ncol=min(per_row, len(names)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, extra / (h + extra), 1, 1))
 
 
 def colours(labels: list[str]) -> dict[str, tuple]:
@@ -141,18 +155,8 @@ def _curves_figure(rs, summary, curves, sweep, panels, style, title) -> plt.Figu
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(
-        handles,
-        names,
-        loc="lower center",
-        ncol=min(4, len(names)),
-        fontsize=8,
-        frameon=False,
-        bbox_to_anchor=(0.5, -0.02 - 0.03 * ((len(names) - 1) // 4)),
-    )
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(names) - 1) // 4), 1, 1))
+    legend_below(fig, axes.flat[0])
     return fig
 
 
@@ -251,10 +255,8 @@ def delta_sweep(rs, summary, path: Path, sweep: str = "delta", formats=("png",))
         ax.set_xlabel("delta (widened region: extra eps)")
         ax.set_ylabel(m)
         ax.grid(alpha=0.3)
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=min(4, len(names)), fontsize=8, frameon=False)
     fig.suptitle(f"{sweep}: final metrics vs delta (mean over seeds, 95% bootstrap CI)", fontsize=11)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    legend_below(fig, axes.flat[0])
     return save(fig, path, formats)
 
 
@@ -323,4 +325,4 @@ def theory(path: Path, deltas=(0.1, 0.2, 0.3, 0.5), mc_deltas=(0.2, 0.5), format
         fontsize=10,
     )
     fig.tight_layout()
-    return save(fig, path, formats)
+    return save(fig, path, formats, tight=True)

@@ -184,3 +184,13 @@ def test_notebook_executes(tmp_path):
     assert "sweep: rescue_vs_decay" in text and "| claim (paper) |" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the dynamics figure rendered
     nbformat.validate(nb)
+
+
+def test_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
+    from analysis import bench
+
+    args = ["--dir", str(tmp_path), "--sweeps", "1", "--arms", "2", "--seeds", "2", "--steps", "20", "--every", "10"]
+    assert bench.main([*args, "--prompts", "8", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "grid: 4 runs x 20 steps" in out and "median wall" in out
+    assert (tmp_path / "out" / "tables" / "sweep0.md").exists()

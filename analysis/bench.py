@@ -1,0 +1,78 @@
+"""Benchmark of ``python -m analysis.make_all``: the whole rebuild, cold, on a grid of synthetic run folders.
+
+    python -m analysis.bench                      # 100 runs x 1,000 steps (5 sweeps x 5 arms x 4 seeds), 3 repeats
+    python -m analysis.bench --steps 400 --repeats 5 --dir /tmp/nsr-bench
+
+Each run has the tiny preset's eval: 512 prompts x (8 sampled + greedy) every 100 steps, i.e. 50k labels per run
+and 5M in the grid (analysis.synth writes them once and reuses them while the grid size is unchanged). Each repeat
+is a fresh ``python -m analysis.make_all --runs DIR --out DIR --no-readme`` process (imports included); the
+median wall-clock and CPU seconds are printed. Target (issue 5): at most 30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from analysis.synth import benchmark_grid
+from experiments.rundir import REPO_ROOT
+
+
+def ensure_grid(folder: Path, params: dict) -> int:
+    """Write the synthetic grid under ``folder/runs`` unless the one there was made with the same params."""
+    marker = folder / "grid.json"
+    if marker.exists() and json.loads(marker.read_text()) == params:
+        return sum(1 for _ in (folder / "runs").glob("*/*/status.json"))
+    shutil.rmtree(folder / "runs", ignore_errors=True)
+    n = benchmark_grid(folder / "runs", **params)
+    marker.write_text(json.dumps(params))
+    return n
+
+
+def time_make_all(folder: Path) -> tuple[float, float]:
+    """(wall s, CPU s of the child) of one cold make_all process."""
+    cmd = [sys.executable, "-m", "analysis.make_all", "--runs", str(folder / "runs"), "--out", str(folder / "out")]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run([*cmd, "--no-readme"], cwd=REPO_ROOT, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "nsr-analysis-bench")
+    p.add_argument("--sweeps", type=int, default=5)
+    p.add_argument("--arms", type=int, default=5)
+    p.add_argument("--seeds", type=int, default=4)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--every", type=int, default=100)
+    p.add_argument("--prompts", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args(argv)
+    params = {"sweeps": a.sweeps, "arms": a.arms, "seeds": a.seeds, "steps": a.steps, "every": a.every}
+    params["n_prompts"] = a.prompts
+    a.dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    n = ensure_grid(a.dir, params)
+    print(f"grid: {n} runs x {a.steps} steps under {a.dir / 'runs'} (ready in {time.perf_counter() - t0:.1f} s)")
+    times = [time_make_all(a.dir) for _ in range(a.repeats)]
+    for i, (wall, cpu) in enumerate(times):
+        print(f"  repeat {i + 1}: wall {wall:.1f} s, cpu {cpu:.1f} s")
+    wall = statistics.median(t[0] for t in times)
+    cpu = statistics.median(t[1] for t in times)
+    print(f"make_all, {n} runs x {a.steps} steps: median wall {wall:.1f} s, median cpu {cpu:.1f} s (target <= 30 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
