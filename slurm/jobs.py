@@ -14,6 +14,7 @@ config, so ``checkpoint()`` only has to resubmit the same job. SLURM events and 
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,11 @@ class RunJob:
         return go()
 
     def checkpoint(self) -> submitit.helpers.DelayedSubmission:
-        """Called by submitit on USR2 (preemption, time limit): requeue the same job; the folder holds the state."""
+        """Called by submitit on USR2 (preemption, time limit): requeue the same job; the folder holds the state.
+
+        submitit then runs ``scontrol requeue`` (SLURM sends SIGTERM at once) and exits: SIGTERM is ignored from here
+        on, so it cannot interrupt the status writes of that orderly exit.
+        """
         self._requeued = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return submitit.helpers.DelayedSubmission(RunJob(self.config, self.run_id, self.out, self.meta, self.env))

@@ -1,0 +1,134 @@
+"""slurm.submit without a cluster: what a resubmission does with each run folder, the site file, --dry-run and
+bad input (nothing is submitted and no folder is made)."""
+
+import json
+import re
+import textwrap
+
+import pytest
+
+from experiments.config import ConfigError
+from experiments.rundir import RunDir
+from slurm import queue
+from slurm.submit import load_site, main, plan, resources, submit
+from sweeps import expand
+
+
+@pytest.fixture
+def specs():
+    return expand("rescue_vs_decay", preset="tiny-smoke")  # 6 arms, one seed
+
+
+def folder(root, spec):
+    return root / spec.sweep / spec.run_id
+
+
+def record(root, spec, job_id):
+    d = folder(root, spec)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "slurm.json").write_text(json.dumps({"job_id": job_id, "cluster": "slurm"}))
+
+
+def test_plan_decides_from_folders_and_live_jobs(tmp_path, specs):
+    hard, nsr, soft, pushout, nsr_pushout, widened = specs
+    RunDir(folder(tmp_path, hard)).set_status("done")
+    RunDir(folder(tmp_path, nsr)).set_status("failed", error="boom")
+    RunDir(folder(tmp_path, soft)).set_status("running")
+    record(tmp_path, soft, "7_2")  # its job is gone: resubmit, it resumes
+    RunDir(folder(tmp_path, pushout)).set_status("running")
+    record(tmp_path, pushout, "7_3")  # still running
+    record(tmp_path, nsr_pushout, "7_4")  # queued, not started
+    RunDir(folder(tmp_path, widened)).set_status("cancelled")
+    live = {"7_3": "RUNNING", "7_4": "PENDING"}
+
+    got = {d.spec.meta["arm"]: (d.submit, d.reason) for d in plan(specs, tmp_path, False, live)}
+    assert got == {
+        "hard": (False, "done"),
+        "nsr": (False, "failed (--retry-failed reruns it)"),
+        "soft": (True, "running, job 7_2 gone: resumes"),
+        "pushout": (False, "job 7_3 is RUNNING"),
+        "nsr_pushout": (False, "job 7_4 is PENDING"),
+        "widened": (True, "cancelled: resumes"),
+    }
+    retry = {d.spec.meta["arm"]: d.submit for d in plan(specs, tmp_path, True, {})}
+    assert retry == {"hard": False, "nsr": True, "soft": True, "pushout": True, "nsr_pushout": True, "widened": True}
+
+
+def test_plan_uses_status_job_ids_and_folder_locks(tmp_path, specs):
+    hard, nsr = specs[:2]
+    st = RunDir(folder(tmp_path, hard))
+    st.set_status("running", slurm_array_job_id="9", slurm_array_task_id="0")  # written by a job, no slurm.json
+    with RunDir(folder(tmp_path, nsr)).lock():  # experiments.run holds the folder in this process
+        RunDir(folder(tmp_path, nsr)).set_status("running")
+        got = {d.spec.meta["arm"]: d.reason for d in plan(specs[:2], tmp_path, False, {"9_0": "RUNNING"})}
+    assert got == {"hard": "job 9_0 is RUNNING", "nsr": "running here (its folder is locked)"}
+    after = {d.spec.meta["arm"]: d.submit for d in plan(specs[:2], tmp_path, False, {})}
+    assert after == {"hard": True, "nsr": True}
+
+
+def test_array_ranges_are_expanded():
+    assert queue.expand_ids("7_[2-4,9%2]") == ["7_2", "7_3", "7_4", "7_9"]
+    assert queue._parse("7_1|CANCELLED by 0\n7_[2-3]|PENDING\n8|RUNNING\n") == {
+        "7_1": "CANCELLED",
+        "7_2": "PENDING",
+        "7_3": "PENDING",
+        "8": "RUNNING",
+    }
+
+
+def test_site_file_resources(tmp_path):
+    site = load_site()  # the shipped slurm/cluster.yaml
+    tiny = expand("delta", preset="tiny")[0]
+    assert resources(site, "tiny", tiny)["time_min"] >= 2
+    big = expand("main")[0]  # openrlhf: nodes and GPUs come from the preset's config
+    res = resources(site, big.meta["preset"], big)
+    assert (res["nodes"], res["gpus_per_node"]) == (big.config.openrlhf.nodes, big.config.openrlhf.gpus_per_node)
+
+    bad = tmp_path / "site.yaml"
+    bad.write_text("presets:\n  tiny: {cpu: 2}\n")
+    with pytest.raises(ConfigError, match=r"site\.yaml: presets\.tiny: unknown key 'cpu'; allowed: partition"):
+        load_site(bad)
+    bad.write_text("default: {time_min: 1}\n")
+    with pytest.raises(ConfigError, match=r"default\.time_min=1 is not valid; allowed: >= 2"):
+        load_site(bad)
+    bad.write_text(f"presets:\n  {big.meta['preset']}: {{gpus_per_node: 3}}\n")
+    with pytest.raises(ConfigError, match=r"gpus_per_node=3 for preset .* openrlhf\.gpus_per_node=\d+; allowed: \d+"):
+        resources(load_site(bad), big.meta["preset"], big)
+
+
+def test_dry_run_lists_runs_and_creates_nothing(tmp_path, capsys):
+    rc = main(["delta", "--preset", "tiny-smoke", "--dry-run", "--out-root", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    ids = [r.run_id for r in expand("delta", preset="tiny-smoke")]
+    assert rc == 0 and all(f"would submit {i}" in out for i in ids)
+    assert "loss.rule=nsr loss.delta=0.05 seed=0" in out and f"dry run: {len(ids)} runs" in out
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["delta", "--preset", "tiny", "--only", "nsr-delta9-s0-00000000"], r"--only 'nsr-delta9-s0-00000000' is not"),
+        (["delta", "--preset", "nope"], r"preset='nope' not found; allowed: .*tiny-smoke"),
+        (["delta", "--preset", "tiny", "--max-parallel", "0"], r"max_parallel=0 is not valid; allowed: >= 1"),
+    ],
+)
+def test_bad_input_submits_nothing(tmp_path, capsys, argv, message):
+
+    rc = main([*argv, "--out-root", str(tmp_path / "runs"), "--log-dir", str(tmp_path / "logs")])
+    err = capsys.readouterr().err
+    assert rc == 2 and re.search(message, err), err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
+
+
+def test_bad_sweep_value_submits_nothing(tmp_path):
+    sw = tmp_path / "bad.yaml"
+    sw.write_text(
+        textwrap.dedent("""
+        preset: tiny-smoke
+        arms: {ok: {loss.rule: nsr}, bad: {loss.rule: nsr, loss.delta: 2.0}}
+        """)
+    )
+    with pytest.raises(ConfigError, match=r"bad\.yaml: run bad-s0 .*loss\.delta=2\.0 is not valid; allowed: 0 <="):
+        submit(sw, cluster="slurm", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
