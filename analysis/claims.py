@@ -75,9 +75,6 @@ class Comparison:
     expect: str
     margin: float = 0.0
 
-    def describe(self) -> str:
-        return f"{self.metric}: {self.a} − {self.b} {SYMBOL[self.expect].format(m=fmt(self.margin))}"
-
 
 @dataclass(frozen=True)
 class Claim:

@@ -75,9 +75,6 @@ class RunSet:
         """The runs that enter the tables and figures."""
         return self.runs[self.runs["included"]]
 
-    def sweeps(self) -> list[str]:
-        return sorted(self.runs["sweep"].unique())
-
     def eval_samples(self) -> pd.DataFrame:
         """Per-sample eval labels of the included runs: run, step, benchmark, problem_id (str), decoding, sample,
         correct (0/1)."""

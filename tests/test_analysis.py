@@ -322,3 +322,13 @@ def test_eval_curves_per_step():
     np.testing.assert_allclose(at0["pass@4"], 1.0)
     np.testing.assert_allclose(at0["greedy"], 0.0)
     assert len(cur) == 18
+
+
+def test_eval_samples_is_the_tidy_per_sample_frame():
+    rs = load_fixture(sweeps=["rescue_vs_decay"])
+    ev = rs.eval_samples()
+    assert list(ev.columns) == ["run", "step", "benchmark", "problem_id", "decoding", "sample", "correct"]
+    assert len(ev) == 9 * 2 * 2 * (1 + 4)  # runs x eval steps x problems x (greedy + 4 sampled)
+    counts = ev.groupby(["run", "step", "benchmark", "decoding", "problem_id"])["correct"].agg(["size", "sum"])
+    c = rs.eval_counts().set_index(["run", "step", "benchmark", "decoding", "problem_id"])
+    assert (counts["size"] == c["n"]).all() and (counts["sum"] == c["c"]).all()
