@@ -422,6 +422,8 @@ def load_runs(
                 eval_files[run] = eval_path
 
     runs = pd.DataFrame(records)
+    if len(runs) and "meta.preset" in runs.columns:
+        _split_presets(runs)
     if not len(runs):
         runs = pd.DataFrame(
             {c: pd.Series(dtype=object) for c in ("run", "sweep", "run_id", "state", "arm", "label", "seed", "point")}
@@ -429,6 +431,20 @@ def load_runs(
         )
     steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame({"run": [], "step": []})
     return RunSet(root=root, runs=runs.reset_index(drop=True), steps=steps, issues=issues, _eval_files=eval_files)
+
+
+def _split_presets(runs: pd.DataFrame) -> None:
+    """A sweep whose runs come from several presets (e.g. tiny and tiny-smoke in one results folder): the preset
+    joins each run's grid point and label, so runs of different presets are never averaged or paired together."""
+    for _, g in runs.groupby("sweep"):
+        if g["meta.preset"].nunique(dropna=True) < 2:
+            continue
+        for i in g.index:
+            point = runs.at[i, "point"]
+            if "preset" not in point and isinstance(runs.at[i, "meta.preset"], str):
+                point = {**point, "preset": runs.at[i, "meta.preset"]}
+                runs.at[i, "point"] = point
+                runs.at[i, "label"] = make_label(runs.at[i, "arm"], point)
 
 
 def status_report(rs: RunSet, expected: dict[str, list[str]] | None = None) -> dict[str, dict[str, list[str]]]:

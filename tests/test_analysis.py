@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -332,3 +333,14 @@ def test_eval_samples_is_the_tidy_per_sample_frame():
     counts = ev.groupby(["run", "step", "benchmark", "decoding", "problem_id"])["correct"].agg(["size", "sum"])
     c = rs.eval_counts().set_index(["run", "step", "benchmark", "decoding", "problem_id"])
     assert (counts["size"] == c["n"]).all() and (counts["sum"] == c["c"]).all()
+
+
+def test_runs_of_two_presets_are_kept_apart(tmp_path):
+    src = next((FIXTURE / "rescue_vs_decay").glob("nsr-s0-*"))
+    for preset in ("tiny", "tiny-smoke"):
+        dst = tmp_path / "rescue_vs_decay" / f"{src.name}-{preset}"
+        shutil.copytree(src, dst)
+        cfg = (dst / "config.yaml").read_text().replace("preset: fixture", f"preset: {preset}")
+        (dst / "config.yaml").write_text(cfg.replace(f"run_id: {src.name}", f"run_id: {dst.name}"))
+    rs = load_runs(tmp_path)
+    assert sorted(rs.runs["label"]) == ["nsr preset=tiny", "nsr preset=tiny-smoke"]
