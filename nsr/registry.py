@@ -34,6 +34,9 @@ class Registry(Mapping[str, F], Generic[F]):
         except (KeyError, TypeError):
             raise ValueError(f"{self.field}={name!r} is not valid; allowed: {', '.join(self._items)}") from None
 
+    def __contains__(self, name: object) -> bool:  # Mapping's default catches KeyError only
+        return name in self._items
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
 
