@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements-cpu.txt
 test: venv
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -f slurm/local_cluster.sh ]; then \
 		bash slurm/local_cluster.sh start; \
-	else echo "make test: not starting SLURM (needs root and apt-get); SLURM tests will be skipped"; fi
+	else echo "make test: not starting SLURM (needs root and apt-get); SLURM tests skip (fail under CI=true)"; fi
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
