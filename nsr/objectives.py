@@ -85,19 +85,25 @@ class RuleInput(NamedTuple):
 
 
 class Subset(NamedTuple):
-    """Some tokens, by flat (row-major) index: ``idx`` (1-D int64), narrowed by ``keep`` (bool, same shape)."""
+    """Some tokens, by flat (row-major) index ``idx`` (1-D int64), narrowed by the float 0/1 ``keep``."""
 
     idx: torch.Tensor
+    pos: torch.Tensor
+    """Float 1.0 where the token's advantage is positive, else 0.0 (same shape as idx)."""
     keep: torch.Tensor | None = None
-    """None: every token of ``idx``."""
+    """Float 0/1, same shape as idx: 1.0 for the tokens in the subset; None: every token of ``idx``."""
 
-    def count(self) -> int:
-        return self.idx.numel() if self.keep is None else int(torch.count_nonzero(self.keep))
+    def count(self, pos_only: bool = False) -> int:
+        """Number of tokens in the subset (with A > 0 only, if ``pos_only``)."""
+        if self.keep is None and not pos_only:
+            return self.idx.numel()
+        f = self.pos if self.keep is None else self.keep * self.pos if pos_only else self.keep
+        return int(f.sum(dtype=_count_dtype(f)))
 
     def without(self, drop: torch.Tensor) -> Subset:
         """The subset minus the tokens where the (B, T) bool ``drop`` is True."""
-        out = ~drop.reshape(-1)[self.idx]
-        return Subset(self.idx, out if self.keep is None else self.keep & out)
+        out = (~drop.reshape(-1)[self.idx]).to(self.pos.dtype)
+        return Subset(self.idx, self.pos, out if self.keep is None else self.keep * out)
 
 
 class RuleOutput(NamedTuple):
@@ -121,6 +127,11 @@ def _uniform(shape, half_width: float, like: torch.Tensor, generator) -> torch.T
     z = torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
     # (2h) * z + (1 - h): exactly 1 when h == 0, so delta = 0 reproduces hard clipping bit for bit.
     return z.mul_(2.0 * half_width).add_(1.0 - half_width)
+
+
+def _count_dtype(t: torch.Tensor) -> torch.dtype:
+    """Accumulator that sums 0/1 floats exactly: float32 below 2**24 elements, else float64."""
+    return t.dtype if t.dtype == torch.float64 or (t.dtype == torch.float32 and t.numel() < 2**24) else torch.float64
 
 
 class _Surrogates(NamedTuple):
@@ -156,63 +167,71 @@ def _dense_hard(x: RuleInput, ratio: torch.Tensor | None = None):
 
 
 def _sparse_hard(x: RuleInput):
-    """(loss, coef, clipped, idx) for rules that rework the clipped units: ``coef`` is -r A everywhere (the
-    caller sets it at ``idx``, the flat indices of the clipped tokens, row-major); ``clipped`` is the bool mask."""
+    """(loss, coef, clipped, sub, adv) for rules that rework the clipped units: ``coef`` is -r A everywhere (the
+    caller sets it on the clipped tokens ``sub``, flat indices in row-major order); ``clipped`` is the (B, T) bool
+    mask; ``adv`` the advantages at ``sub``."""
     s = _surrogates(x)
     clipped = s.surr2 < s.surr1  # method.md: clipped iff A>0 & r>1+eps_high or A<0 & r<1-eps_low
     idx = clipped.view(-1).nonzero().squeeze(1)
-    return s.loss, s.surr1.neg_(), clipped, idx
-
-
-def _side_ok(adv: torch.Tensor, r: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
-    """True where ratio ``r`` is inside the region on the advantage's clipped side (A > 0: r <= hi; A < 0: r >= lo)."""
-    return torch.where(adv > 0, r <= cfg.high, r >= cfg.low)
-
-
-def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, idx: torch.Tensor) -> Subset:
-    """method.md, NSR steps 1-4, on the clipped tokens ``idx`` only (in place on ``loss`` and ``coef``).
-
-    Sets ``coef`` at every clipped token: the rescued value, or 0 (still clipped)."""
-    if idx.numel() == 0:
-        return Subset(idx)
-    r = x.at(x.ratio, idx)
     adv = x.adv.take(idx)
+    pos = adv.sign().clamp_(min=0.0)  # a clipped token has A != 0
+    return s.loss, s.surr1.neg_(), clipped, Subset(idx, pos), adv
+
+
+def _inside(pos: torch.Tensor, r: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """Float 1.0 where ratio ``r`` is inside the region on the advantage's side (pos = 1.0, A > 0: r <= hi;
+    pos = 0.0, A < 0: r >= lo), else 0.0. No bool ``where``: ``lerp`` with weight exactly 0 or 1 returns the
+    start or end exactly (finite values), so it selects."""
+    gap = torch.lerp(r - cfg.low, cfg.high - r, pos)  # hi - r (A > 0) or r - lo (A < 0)
+    return gap.nan_to_num_(nan=-1.0).sign_().add_(1.0).clamp_(max=1.0)  # 1.0 iff gap >= 0 (a NaN ratio is outside)
+
+
+def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, sub: Subset, adv: torch.Tensor) -> Subset:
+    """method.md, NSR steps 1-4, on the clipped tokens ``sub`` (advantages ``adv``) only, in place on ``loss`` and
+    ``coef``. Sets ``coef`` at every clipped token: the rescued value, or 0 (still clipped)."""
+    idx = sub.idx
+    if idx.numel() == 0:
+        return sub
+    r = x.at(x.ratio, idx)
     z = x.uniform(x.cfg.delta, idx)  # NSR step 1: z ~ U(1 - delta, 1 + delta), per token (per sequence for GSPO)
     rz = r * z  # NSR step 2: candidate ratio
-    ok = _side_ok(adv, rz, x.cfg)  # NSR step 3: back inside on the clipped side -> rescued
+    ok = _inside(sub.pos, rz, x.cfg)  # NSR step 3: back inside on the clipped side -> rescued
     exec_ratio = rz if x.cfg.executor == "noisy" else r
-    value = exec_ratio.mul(adv).neg_()  # loss -A r~ (z detached); its d/du is the same value
-    coef.put_(idx, torch.where(ok, value, 0.0))  # NSR step 4: not rescued -> stays clipped
-    loss.put_(idx, torch.where(ok, value, loss.take(idx)))
-    return Subset(idx, ok)
+    value = exec_ratio.mul_(adv).neg_()  # loss -A r~ (z detached), which is also its d/du
+    loss.put_(idx, torch.lerp(loss.take(idx), value, ok))  # rescued: -A r~; else the hard-clip value
+    coef.put_(idx, value.mul_(ok))  # NSR step 4: not rescued -> stays clipped (zero gradient)
+    return Subset(idx, sub.pos, ok)
 
 
-def _pushout(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, kept: torch.Tensor) -> Subset:
+def _pushout(x: RuleInput, coef: torch.Tensor, drop: torch.Tensor) -> Subset:
     """method.md intervention 4: an unclipped token with A != 0 is dropped iff r z would be clipped.
 
     Only tokens within reach of the boundary (A > 0: r > hi / (1 + delta); A < 0: r < lo / (1 - delta)) can be
     dropped, so z is drawn for those alone (row-major); the others would be kept whatever their z.
-    ``kept``: (B, T) bool, the tokens the judge did not clip.
+    ``coef``: -r A on the tokens the judge kept; ``drop``: (B, T) the judge's dropped tokens, float 0/1 or bool.
     """
     cfg = x.cfg
     d = cfg.delta
     if d == 0:
-        return Subset(loss.new_zeros(0, dtype=torch.long))
+        return Subset(coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0))
     reach_lo, reach_hi = cfg.low / (1 - d), cfg.high / (1 + d)
     if reach_lo < reach_hi:
-        # within reach iff clip(r, reach_lo, reach_hi) A < r A; on kept tokens r A = -loss, so compare with it
-        c = x.ratio.clamp(reach_lo, reach_hi)
-        c = c.mul_(x.adv) if c.shape == x.adv.shape else c * x.adv
-        band = (c.neg_() > loss).logical_and_(kept)
+        # within reach iff clip(r, reach_lo, reach_hi) A < r A, i.e. (where coef = -r A exactly) gap < 0
+        gap = x.ratio.clamp(reach_lo, reach_hi)
+        gap = gap.mul_(x.adv) if gap.shape == x.adv.shape else gap * x.adv
+        gap = gap.add_(coef)
     else:  # delta so large that every token with A != 0 is within reach
-        band = (x.adv != 0).logical_and_(kept)
+        gap = x.adv.sign().abs_().neg_()
+    band = (gap.mul_(drop - 1.0) > 0) if drop.is_floating_point() else (gap < 0).logical_and_(~drop)
     idx = band.view(-1).nonzero().squeeze(1)
+    adv = x.adv.take(idx)
+    pos = adv.sign().clamp_(min=0.0)
     if idx.numel() == 0:
-        return Subset(idx)
-    rz = x.at(x.ratio, idx) * x.uniform(d, idx)
-    drop = ~_side_ok(x.adv.take(idx), rz, cfg)
-    coef.put_(idx, torch.where(drop, 0.0, coef.take(idx)))  # dropped: keeps its loss value -A r, loses its gradient
-    return Subset(idx, drop)
+        return Subset(idx, pos)
+    r = x.at(x.ratio, idx)
+    keep = _inside(pos, r * x.uniform(d, idx), cfg)
+    coef.put_(idx, r.mul_(adv).neg_().mul_(keep))  # -A r (as before) if kept; dropped: loses its gradient only
+    return Subset(idx, pos, 1.0 - keep)
 
 
 @RULES.register("hard")
@@ -224,8 +243,8 @@ def hard(x: RuleInput) -> RuleOutput:
 @RULES.register("nsr")
 def nsr(x: RuleInput) -> RuleOutput:
     """Near-boundary Stochastic Rescue: a clipped token is rescued iff r z is back inside (method.md, NSR)."""
-    loss, coef, _, idx = _sparse_hard(x)
-    return RuleOutput(loss, coef, Subset(idx), rescued=_rescue(x, loss, coef, idx))
+    loss, coef, _, sub, adv = _sparse_hard(x)
+    return RuleOutput(loss, coef, sub, rescued=_rescue(x, loss, coef, sub, adv))
 
 
 @RULES.register("soft")
@@ -237,32 +256,32 @@ def soft(x: RuleInput) -> RuleOutput:
     """
     from nsr.theory import clipped_expectations
 
-    loss, coef, _, idx = _sparse_hard(x)
+    loss, coef, _, sub, adv = _sparse_hard(x)
+    idx = sub.idx
     if idx.numel():
         cfg = x.cfg
-        r, adv = x.at(x.ratio, idx), x.adv.take(idx)
+        r = x.at(x.ratio, idx)
         # method.md intervention 3: w(r) of the configured executor, and P(rescue)
-        p, w = clipped_expectations(r, adv > 0, cfg, cfg.delta, 1 if cfg.executor == "noisy" else 0)
-        grad_value = (r * adv).mul_(w).neg_()  # -w A r with w constant: its d/du is itself
+        p, w = clipped_expectations(r, sub.pos, cfg, cfg.delta, 1 if cfg.executor == "noisy" else 0)
+        grad_value = r.mul_(adv).mul_(w).neg_()  # -w A r with w constant: its d/du is itself
         loss.put_(idx, grad_value + (1.0 - p) * loss.take(idx))
         coef.put_(idx, grad_value)
-    return RuleOutput(loss, coef, Subset(idx))
+    return RuleOutput(loss, coef, sub)
 
 
 @RULES.register("pushout")
 def pushout(x: RuleInput) -> RuleOutput:
     """Push-out only: unclipped tokens may be dropped when r z crosses the boundary; clipped stay clipped."""
     loss, coef, drop = _dense_hard(x)
-    kept = drop == 0
-    return RuleOutput(loss, coef, drop, pushed=_pushout(x, loss, coef, kept))
+    return RuleOutput(loss, coef, drop, pushed=_pushout(x, coef, drop))
 
 
 @RULES.register("nsr_pushout")
 def nsr_pushout(x: RuleInput) -> RuleOutput:
     """Both directions: NSR rescue of clipped tokens and push-out of unclipped ones (independent draws)."""
-    loss, coef, clipped, idx = _sparse_hard(x)
-    rescued = _rescue(x, loss, coef, idx)
-    return RuleOutput(loss, coef, Subset(idx), rescued=rescued, pushed=_pushout(x, loss, coef, ~clipped))
+    loss, coef, clipped, sub, adv = _sparse_hard(x)
+    rescued = _rescue(x, loss, coef, sub, adv)
+    return RuleOutput(loss, coef, sub, rescued=rescued, pushed=_pushout(x, coef, clipped))
 
 
 @RULES.register("noisy_decision")
@@ -279,8 +298,8 @@ def clean_decision(x: RuleInput) -> RuleOutput:
     s = _surrogates(x)
     drop = _drop_mask(s)
     value = (x.ratio * x.uniform(x.cfg.ratio_noise) * x.adv).neg_()
+    loss = torch.lerp(value, s.loss, drop)  # hard-clip value where dropped, -A r xi where kept
     coef = value.mul_(1.0 - drop)  # -A r xi where kept, 0 where dropped (exact: times 1 or 0)
-    loss = s.loss.mul_(drop).add_(coef)  # hard-clip value where dropped, -A r xi where kept
     return RuleOutput(loss, coef, drop)
 
 
@@ -327,19 +346,10 @@ def _check(log_probs, old_log_probs, advantages, mask):
     return adv, valid
 
 
-def _count_dtype(t: torch.Tensor) -> torch.dtype:
-    """Accumulator that counts 0/1 floats exactly: float32 below 2**24 elements, else float64."""
-    return t.dtype if t.dtype == torch.float64 or (t.dtype == torch.float32 and t.numel() < 2**24) else torch.float64
-
-
 def _clip_counts(clipped: torch.Tensor | Subset, adv: torch.Tensor) -> tuple[int, int]:
     """(clipped units, clipped units with A > 0); a clipped unit always has A != 0."""
     if isinstance(clipped, Subset):
-        n = clipped.count()
-        if n == 0:
-            return 0, 0
-        pos = adv.take(clipped.idx) > 0
-        return n, int(torch.count_nonzero(pos if clipped.keep is None else pos & clipped.keep))
+        return clipped.count(), clipped.count(pos_only=True)
     acc = _count_dtype(clipped)
     f = clipped.reshape(-1).to(acc)
     n = int(f.sum())

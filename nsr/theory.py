@@ -24,7 +24,7 @@ def side_expectation(ratio, sign, cfg: LossConfig, half_width: float, power: int
     A > 0 tests ``r z <= 1 + eps_high``; A < 0 tests ``r z >= 1 - eps_low``; sign 0 gives 1.
     """
     r, sign = _tensors(ratio, sign)
-    (w,) = _side_terms(r, sign > 0, cfg, float(half_width), (power,))
+    (w,) = _side_terms(r, (sign > 0).to(r.dtype), cfg, float(half_width), (power,))
     return torch.where(sign == 0, 1.0, w)
 
 
@@ -33,7 +33,7 @@ def clipped_expectations(ratio: torch.Tensor, pos: torch.Tensor, cfg: LossConfig
     ``power``, sharing the work (the soft rule calls this on its clipped tokens).
 
     Args:
-        ratio: float tensor of ratios; pos: bool tensor of the same shape, True where A > 0.
+        ratio: float tensor of ratios; pos: float tensor of the same shape, 1.0 where A > 0 and 0.0 where A < 0.
     """
     powers = (0,) if power == 0 else (0, power)
     terms = _side_terms(ratio, pos, cfg, float(half_width), powers)
@@ -41,23 +41,24 @@ def clipped_expectations(ratio: torch.Tensor, pos: torch.Tensor, cfg: LossConfig
 
 
 def _side_terms(r: torch.Tensor, pos: torch.Tensor, cfg: LossConfig, h: float, powers) -> list[torch.Tensor]:
-    """E[z^p 1{r z inside on the side}] for each p of ``powers``, for units with A != 0 (pos: A > 0)."""
+    """E[z^p 1{r z inside on the side}] for each p of ``powers``, for units with A != 0 (pos: 1.0 if A > 0, 0.0 if
+    A < 0). Both sides are computed and one is selected by ``lerp(neg_side, pos_side, pos)``, which returns one
+    of them exactly (finite values, weight 0 or 1) and, unlike a bool ``where``, is cheap on CPU."""
     hi, lo = cfg.high, cfg.low
     if h == 0:
-        inside = torch.where(pos, r <= hi, r >= lo).to(r.dtype)
-        return [inside for _ in powers]
+        return [torch.lerp((r >= lo).to(r.dtype), (r <= hi).to(r.dtype), pos) for _ in powers]
     a, b = 1.0 - h, 1.0 + h
-    t = torch.where(pos, hi / r, lo / r).clamp(a, b)
+    t_pos, t_neg = (hi / r).clamp_(a, b), (lo / r).clamp_(a, b)
     out = []
     for power in powers:
         if power == 1:
-            side_pos, side_neg = (t * t - a * a) / (4 * h), (b * b - t * t) / (4 * h)
+            side_pos, side_neg = (t_pos * t_pos - a * a) / (4 * h), (b * b - t_neg * t_neg) / (4 * h)
         elif power == 0:
-            side_pos, side_neg = (t - a) / (2 * h), (b - t) / (2 * h)
+            side_pos, side_neg = (t_pos - a) / (2 * h), (b - t_neg) / (2 * h)
         else:
             raise ValueError(f"power={power!r} is not valid; allowed: 0, 1")
         # both are in [0, 1] exactly; the clamp removes float rounding at the ends (e.g. 1 + 1e-7)
-        out.append(torch.where(pos, side_pos, side_neg).clamp_(0.0, 1.0))
+        out.append(torch.lerp(side_neg, side_pos, pos).clamp_(0.0, 1.0))
     return out
 
 
