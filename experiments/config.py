@@ -248,6 +248,9 @@ class RunConfig:
             samples = self.rollout.prompts_per_step * self.rollout.samples_per_prompt
             allowed = f"a divisor of prompts_per_step x samples_per_prompt = {samples}"
             _check("train", "minibatches", samples % self.train.minibatches == 0, allowed, self.train.minibatches)
+            from experiments.tiny import check_config  # task/model registries and sizes; late import (cycle)
+
+            check_config(self)
 
     # ---------------------------------------------------------------- views
     def to_dict(self) -> dict[str, Any]:

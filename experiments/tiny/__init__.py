@@ -1,0 +1,56 @@
+"""The CPU testbed backend: a tiny GPT-2 learns Countdown-3 by SFT, then GRPO with any ``nsr`` objective.
+
+    python -m experiments.run sweeps/presets/tiny-smoke.yaml            # CI-sized run, < 1 minute
+    python -m experiments.run sweeps/presets/tiny.yaml loss.rule=nsr     # the demo / grid default
+
+Modules: task (problems, exact verifier), model (GPT-2 builder, sampling, log-probs), sft (cached warm start),
+evaluate (fixed held-out eval set -> eval.jsonl rows), train (the GRPO loop behind ``experiments.run``).
+
+Threads: ``NSR_THREADS`` (default min(2, cores)) sets torch's intra-op threads; it is not part of the config, so
+it never changes a run id (two grid runs in parallel use NSR_THREADS=1 each).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def set_threads() -> int:
+    """Apply NSR_THREADS (default min(2, cores)) to torch; returns the thread count."""
+    raw = os.environ.get("NSR_THREADS", "")
+    try:
+        n = int(raw) if raw else min(2, os.cpu_count() or 1)
+    except ValueError:
+        raise ValueError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer") from None
+    if n < 1:
+        raise ValueError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer")
+    torch.set_num_threads(n)
+    return n
+
+
+def check_config(cfg) -> None:
+    """Tiny-backend checks of a RunConfig, run at its construction (before any run folder exists).
+
+    Raises ConfigError naming the key and the allowed values.
+    """
+    from experiments.config import ConfigError
+    from experiments.tiny.model import MODELS
+    from experiments.tiny.task import N_POSITIONS, TASKS
+
+    def fail(key, value, allowed):
+        raise ConfigError(f"{key}={value!r} is not valid; allowed: {allowed}")
+
+    if cfg.model.name not in MODELS:
+        fail("model.name", cfg.model.name, ", ".join(MODELS))
+    if cfg.task.name not in TASKS:
+        fail("task.name", cfg.task.name, ", ".join(TASKS))
+    task = TASKS[cfg.task.name]
+    new = cfg.rollout.max_new_tokens
+    if new < task.answer_len:
+        fail("rollout.max_new_tokens", new, f">= {task.answer_len} (a correct {task.name} answer and its EOS)")
+    if task.prompt_len + new > N_POSITIONS:
+        fail("rollout.max_new_tokens", new, f"<= {N_POSITIONS - task.prompt_len} (the tiny model's context)")
+    if cfg.eval.n_prompts > task.n_eval:
+        fail("eval.n_prompts", cfg.eval.n_prompts, f"<= {task.n_eval} (the held-out split of {task.name})")

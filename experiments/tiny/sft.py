@@ -1,0 +1,132 @@
+"""Supervised warm start of the tiny policy, cached by the hash of its config (model + sft + task sections).
+
+Every RL run (any rule, any seed) of the same model/sft/task starts from the same cached checkpoint,
+``<cache>/sft/<key>.pt`` with ``<cache>`` = $NSR_CACHE_DIR or ``cache/`` at the repo root. The file is written
+atomically (temp file + os.replace) under a file lock, so two jobs that need it at once build it once.
+
+    python -m experiments.tiny.sft sweeps/presets/tiny.yaml      # build (or show) the warm start of a preset
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from experiments.config import RunConfig
+from experiments.rundir import REPO_ROOT
+from experiments.tiny.model import build_model
+from experiments.tiny.rng import generator
+from experiments.tiny.task import get_task
+
+SFT_VERSION = 1
+"""Bump when the warm-start code changes its numbers, so stale caches are not reused."""
+SFT_BETAS = (0.9, 0.98)  # shared/notes/cpu-testbed.md, "SFT"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("NSR_CACHE_DIR") or REPO_ROOT / "cache")
+
+
+def sft_sections(cfg: RunConfig) -> dict:
+    d = cfg.to_dict()
+    return {"version": SFT_VERSION, "model": d["model"], "sft": d["sft"], "task": d["task"]}
+
+
+def sft_key(cfg: RunConfig) -> str:
+    """16 hex of sha256 over the canonical JSON of the model, sft and task sections."""
+    blob = json.dumps(sft_sections(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def sft_path(cfg: RunConfig) -> Path:
+    return cache_dir() / "sft" / f"{sft_key(cfg)}.pt"
+
+
+def train_sft(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
+    """Train the warm start from scratch. Returns (model state_dict, info).
+
+    Batches of ``sft.batch_size`` training-split problems with one answer each; cross-entropy on the completion
+    tokens only; AdamW with linear warmup to ``sft.lr``, then constant.
+    """
+    task = get_task(cfg.task.name)
+    s = cfg.sft
+    model = build_model(cfg.model, generator(s.seed, "sft-init"))
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=SFT_BETAS, weight_decay=s.weight_decay)
+    g = generator(s.seed, "sft-data")
+    t0 = time.perf_counter()
+    loss = torch.zeros(())
+    model.train()
+    for step in tqdm(range(s.steps), desc="sft warm start", disable=not progress, leave=False):
+        for group in opt.param_groups:
+            group["lr"] = s.lr * min(1.0, (step + 1) / s.warmup) if s.warmup else s.lr
+        ids = task.sample_train(s.batch_size, g)
+        prompts, answers = task.prompts(ids), task.sft_completions(ids, g)
+        seq = torch.cat([prompts, answers[:, :-1]], 1)
+        logits = model(input_ids=seq, use_cache=False).logits[:, task.prompt_len - 1 :]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), answers.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    info = {
+        "key": sft_key(cfg),
+        **sft_sections(cfg),
+        "final_loss": loss.item(),
+        "wall_s": time.perf_counter() - t0,
+        "built_by": f"{socket.gethostname()}:{os.getpid()}",
+    }
+    return model.state_dict(), info
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # blocks while another job builds the same warm start
+        yield
+
+
+def warm_start(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
+    """(state_dict, info) of the cached warm start of ``cfg``, building it first if it is missing."""
+    path = sft_path(cfg)
+    if not path.exists():
+        with _file_lock(path.with_suffix(".lock")):
+            if not path.exists():  # another job may have built it while we waited
+                state, info = train_sft(cfg, progress)
+                tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+                torch.save({"state_dict": state, "info": info}, tmp)
+                os.replace(tmp, path)
+    blob = torch.load(path, weights_only=True)
+    return blob["state_dict"], blob["info"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from experiments.config import ConfigError, load_config
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print(__doc__)
+        return 2
+    try:
+        cfg = load_config(argv[0], argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    _, info = warm_start(cfg, progress=True)
+    print(json.dumps({"path": str(sft_path(cfg)), **info}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""GRPO on the tiny testbed with any ``nsr`` objective: the ``tiny`` backend of ``experiments.run``.
+
+    python -m experiments.run sweeps/presets/tiny.yaml loss.rule=nsr loss.delta=0.2 --out /tmp/nsr-demo
+
+One RL step = one rollout (rollout.prompts_per_step training problems x samples_per_prompt completions at
+rollout.temperature, binary verifiable reward), ``nsr.compute_advantages`` per group, one no-grad forward for the
+old log-probs, then train.epochs x train.minibatches AdamW updates on shuffled minibatches with ``nsr.policy_loss``
++ ``nsr.aggregate`` and gradient clipping. Logged per step to metrics.jsonl (fractions and losses are means over
+the step's updates); eval.jsonl at step 0, every eval.every steps and at the last step.
+
+Resumable: a checkpoint (model + optimizer, replaced atomically) every logging.checkpoint_every steps; every random
+draw comes from a generator derived from (seed, step, purpose), so a resumed run ends with exactly the rows of an
+uninterrupted one (every field but wall_s).
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import os
+import shutil
+import time
+
+import torch
+from tqdm import tqdm
+
+import nsr
+from experiments.config import RunConfig
+from experiments.rundir import RunDir
+from experiments.tiny import set_threads
+from experiments.tiny.evaluate import evaluate, summary
+from experiments.tiny.model import build_model, generate, logprobs, response_mask
+from experiments.tiny.rng import generator
+from experiments.tiny.sft import sft_key, warm_start
+from experiments.tiny.task import Task, get_task
+
+_MEAN_KEYS = ("clip_frac_low", "clip_frac_high", "clip_frac", "rescue_frac", "pushout_frac", "ratio_mean")
+
+
+def rl_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    task: Task,
+    cfg: RunConfig,
+    step: int,
+    ref: torch.nn.Module | None = None,
+) -> dict:
+    """One rollout and its minibatch updates; returns the metrics row (without wall_s)."""
+    ro, tr = cfg.rollout, cfg.train
+    P, G = ro.prompts_per_step, ro.samples_per_prompt
+    g_roll = generator(cfg.seed, step, "rollout")
+
+    # rollout (method.md, "Setting"): G samples per prompt, binary reward, group-relative advantage
+    model.eval()
+    ids = task.sample_train(P, g_roll).repeat_interleave(G)  # (N,), N = P * G
+    prompts = task.prompts(ids)  # (N, prompt_len)
+    comps = generate(model, prompts, ro.max_new_tokens, ro.temperature, g_roll)  # (N, T)
+    mask = response_mask(comps)  # (N, T)
+    rewards = task.rewards(ids, comps)  # (N,)
+    groups = torch.arange(P).repeat_interleave(G)
+    adv = nsr.compute_advantages(rewards, groups, cfg.advantages, generator=generator(cfg.seed, step, "adv"))
+    with torch.no_grad():
+        old_logp, ent = logprobs(model, prompts, comps, ro.temperature, with_entropy=True)
+        ref_logp = logprobs(ref, prompts, comps, ro.temperature)[0] if ref is not None else None
+
+    # updates: epochs x minibatches optimizer steps on shuffled minibatches of the N samples
+    model.train()
+    g_shuffle, g_loss = generator(cfg.seed, step, "shuffle"), generator(cfg.seed, step, "loss")
+    n = len(ids)
+    acc: dict[str, float] = {}
+    ratio_min, ratio_max = float("inf"), float("-inf")
+    for _ in range(tr.epochs):
+        for mb in torch.randperm(n, generator=g_shuffle).chunk(tr.minibatches):
+            m = mask[mb]
+            logp, mb_ent = logprobs(model, prompts[mb], comps[mb], ro.temperature, with_entropy=tr.entropy_coef > 0)
+            loss_tok, met = nsr.policy_loss(logp, old_logp[mb], adv[mb], m, cfg.loss, generator=g_loss)
+            pg_loss = nsr.aggregate(loss_tok, m, tr.agg_mode)
+            loss = pg_loss
+            if tr.entropy_coef > 0:
+                loss = loss - tr.entropy_coef * nsr.aggregate(mb_ent, m, tr.agg_mode)
+            if ref_logp is not None and tr.kl_coef > 0:
+                d = ref_logp[mb] - logp  # k3 estimator of KL(pi || pi_ref), OpenRLHF's default for GRPO
+                kl = nsr.aggregate(d.exp() - d - 1, m, tr.agg_mode)
+                loss = loss + tr.kl_coef * kl
+                _add(acc, "ref_kl", kl.item())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+            opt.step()
+            with torch.no_grad():
+                r = torch.exp(logp.detach() - old_logp[mb])[m]
+                out = ((r < cfg.loss.low) | (r > cfg.loss.high)).float().mean()
+            _add(acc, "ratio_out_frac", out.item())
+            _add(acc, "policy_loss", pg_loss.item())
+            _add(acc, "grad_norm", grad_norm.item())
+            _add(acc, "ppo_kl", met["approx_kl"].item())
+            for k in _MEAN_KEYS:
+                _add(acc, k, met[k].item())
+            ratio_min, ratio_max = min(ratio_min, met["ratio_min"].item()), max(ratio_max, met["ratio_max"].item())
+    updates = tr.epochs * tr.minibatches
+    grouped = rewards.view(P, G)
+    distinct = sum(len(set(map(tuple, c.tolist()))) for c in comps.view(P, G, -1)) / (P * G)
+    row = {
+        "step": step,
+        "reward_mean": rewards.mean().item(),
+        "entropy": (ent[mask].mean()).item(),
+        "response_len": mask.sum(-1).float().mean().item(),
+        **{k: v / updates for k, v in acc.items()},
+        "ratio_min": ratio_min,
+        "ratio_max": ratio_max,
+        "adv_abs_mean": adv.abs().mean().item(),
+        "mixed_group_frac": (grouped.max(1).values != grouped.min(1).values).float().mean().item(),
+        "distinct_frac": distinct,
+    }
+    return row
+
+
+def _add(acc: dict, key: str, value: float) -> None:
+    acc[key] = acc.get(key, 0.0) + value
+
+
+def _save_checkpoint(rd: RunDir, step: int, model, opt, cfg: RunConfig) -> None:
+    tmp = rd.checkpoint_path.with_name(f".{rd.checkpoint_path.name}.tmp{os.getpid()}")
+    state = {"step": step, "run_hash": cfg.run_hash(), "model": model.state_dict(), "optimizer": opt.state_dict()}
+    torch.save(state, tmp)
+    os.replace(tmp, rd.checkpoint_path)
+
+
+def _uncompress_eval(rd: RunDir) -> None:
+    """A run that died after compressing eval.jsonl resumes on the plain file (truncate_logs reads that one)."""
+    gz, plain = rd.path / "eval.jsonl.gz", rd.path / "eval.jsonl"
+    if gz.exists() and not plain.exists():
+        tmp = plain.with_name(".eval.jsonl.tmp")
+        with gzip.open(gz, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(tmp, plain)
+        gz.unlink()
+
+
+def _eval_due(cfg: RunConfig, step: int) -> bool:
+    every = cfg.eval.every
+    return step == cfg.train.steps or (every > 0 and step % every == 0)
+
+
+def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
+    """Run ``cfg`` on the tiny backend into ``rd``, resuming from ``rd.checkpoint_path`` if it exists."""
+    set_threads()
+    progress = progress and cfg.logging.progress
+    task = get_task(cfg.task.name)
+    state, _ = warm_start(cfg, progress=progress)
+    model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
+    model.load_state_dict(state)
+    ref = None
+    if cfg.train.kl_coef > 0:
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
+    tr = cfg.train
+    opt = torch.optim.AdamW(model.parameters(), lr=tr.lr, betas=tr.adam_betas, weight_decay=tr.weight_decay)
+
+    start = 0
+    if rd.checkpoint_path.exists():
+        ck = torch.load(rd.checkpoint_path, weights_only=True)
+        if ck["run_hash"] != cfg.run_hash():
+            raise RuntimeError(f"{rd.checkpoint_path} belongs to run {ck['run_hash']}, not {cfg.run_hash()}")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        start = ck["step"]
+        _uncompress_eval(rd)
+        rd.truncate_logs(start)
+    else:
+        rd.reset_logs()
+        rd.append("eval.jsonl", evaluate(model, task, cfg, step=0))
+
+    bar = tqdm(
+        total=tr.steps, initial=start, desc=f"tiny {cfg.loss.rule} (sft {sft_key(cfg)[:6]})", disable=not progress
+    )
+    for step in range(start + 1, tr.steps + 1):
+        t0 = time.perf_counter()
+        row = rl_step(model, opt, task, cfg, step, ref)
+        row["wall_s"] = time.perf_counter() - t0
+        rd.append("metrics.jsonl", [row])
+        post = {
+            "reward": f"{row['reward_mean']:.2f}",
+            "ent": f"{row['entropy']:.2f}",
+            "clip": f"{row['clip_frac']:.3f}",
+        }
+        if _eval_due(cfg, step):
+            rows = evaluate(model, task, cfg, step)
+            rd.append("eval.jsonl", rows)
+            post.update({f"eval_{k}": f"{v:.2f}" for k, v in summary(rows).items()})
+        every = cfg.logging.checkpoint_every
+        if (every and step % every == 0 and step < tr.steps) or (step == tr.steps and cfg.logging.keep_checkpoint):
+            _save_checkpoint(rd, step, model, opt, cfg)
+        bar.set_postfix(post, refresh=False)
+        bar.update(1)
+    bar.close()
+    rd.compress_eval()
+    if not cfg.logging.keep_checkpoint:
+        rd.checkpoint_path.unlink(missing_ok=True)

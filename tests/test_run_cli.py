@@ -1,0 +1,90 @@
+"""``python -m experiments.run`` on the tiny backend: bad input, a finished run, --force, SIGTERM, another config."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_tiny import SMOKE, tiny_env  # noqa: F401  (the module fixture: warm-start cache, one thread)
+
+from experiments.run import main
+from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
+
+SHORT = ["train.steps=3", "eval.every=0", "eval.n_prompts=8", "eval.n_samples=2"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["loss.rule=bogus"], r"loss\.rule='bogus' is not valid; allowed: hard, nsr"),
+        (["task.name=bogus"], r"task\.name='bogus' is not valid; allowed: countdown3, add3"),
+        (["model.name=gpt-7"], r"model\.name='gpt-7' is not valid; allowed: tiny-gpt2"),
+        (["rollout.max_new_tokens=4"], r"rollout\.max_new_tokens=4 is not valid; allowed: >= 6"),
+        (["eval.n_prompts=1000"], r"eval\.n_prompts=1000 is not valid; allowed: <= 512"),
+        (["train.minibatches=3"], r"train\.minibatches=3 is not valid; allowed: a divisor of .* = 128"),
+        (["loss.delta=1.5"], r"loss\.delta=1\.5 is not valid; allowed: 0 <= delta < 1"),
+        (["train.lrr=1"], r"unknown key 'train\.lrr'"),
+        (["seed=x"], r"seed='x' is not valid; allowed: an integer"),
+    ],
+)
+def test_bad_config_fails_clearly_and_creates_no_folder(tmp_path, capsys, overrides, message):
+    out = tmp_path / "run"
+    assert main([str(SMOKE), *overrides, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert str(SMOKE) in err
+    assert re.search(message, err), err
+    assert not out.exists()
+
+
+def test_missing_config_file(tmp_path, capsys):
+    assert main([str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "run")]) == 2
+    assert "no such config file" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_done_run_is_not_overwritten_without_force(tiny_env, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    args = [str(SMOKE), *SHORT, "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    rd = RunDir(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert rd.state() == "done"
+
+    assert main(args) == 3
+    assert "this run is done; pass --force" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+    assert main([*args, "--force"]) == 0
+    assert rd.state() == "done" and rd.status()["attempts"] == 1  # cleared, then run from scratch
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
+    old_rows = [json.loads(line) for line in before["metrics.jsonl"].splitlines()]
+    assert strip(read_jsonl(rd.metrics_path)) == strip(old_rows)
+
+
+def test_sigterm_records_cancelled_and_the_run_resumes(tiny_env, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "experiments.run", str(SMOKE), "logging.checkpoint_every=4", "eval.every=0"]
+    proc = subprocess.Popen([*cmd, "--out", str(out), "--no-progress"], cwd=REPO_ROOT, stderr=subprocess.PIPE)
+    rd = RunDir(out)
+    deadline = time.time() + 240
+    while not (rd.metrics_path.exists() and len(read_jsonl(rd.metrics_path)) >= 6):
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    proc.stderr.close()
+    st = rd.status()
+    assert st["state"] == "cancelled" and "Cancelled" in st["error"]
+    assert rd.checkpoint_path.exists()
+
+    # an unfinished folder of another config is refused and left alone
+    assert main([str(SMOKE), "seed=5", "--out", str(out), "--no-progress"]) == 3
+    assert "holds a run of another config" in capsys.readouterr().err
+    assert rd.state() == "cancelled" and rd.checkpoint_path.exists()
+
+    assert main([str(SMOKE), "logging.checkpoint_every=4", "eval.every=0", "--out", str(out), "--no-progress"]) == 0
+    assert rd.state() == "done" and rd.status()["attempts"] == 2
+    assert [r["step"] for r in read_jsonl(rd.metrics_path)] == list(range(1, 31))
