@@ -153,12 +153,12 @@ def test_sweep_finishes_resubmits_nothing_and_reports_a_failure(tmp_path, capsys
     assert [d.reason for d in again.decisions] == ["failed, retrying"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_scancel_leaves_valid_files_and_shows_cancelled(tmp_path):
     sw = sweep_file(tmp_path, "cancel", "base: {train.steps: 200}\narms: {nsr: {loss.rule: nsr}}\n")
     sub = submit(sw, cluster="slurm", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
     d = sub.submitted[0]
-    wait_for(lambda: n_rows(d.out) >= 3, 240, "the run to log 3 steps")
+    wait_for(lambda: n_rows(d.out) >= 3, 480, "the run to log 3 steps")  # incl. a first SFT warm start
     subprocess.run(["scancel", str(sub.jobs[0].job_id)], check=True)
     wait_for(lambda: RunDir(d.out).state() == "cancelled", 60, "status cancelled")
     assert sub.jobs[0].done(force_check=True)
@@ -177,7 +177,7 @@ def test_scancel_leaves_valid_files_and_shows_cancelled(tmp_path):
     assert again.submit and again.reason.startswith("cancelled")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
     sw = sweep_file(tmp_path, "resume", "base: {train.steps: 60}\narms: {nsr: {loss.rule: nsr}}\n")
     subs = {
@@ -191,7 +191,7 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
     }
     for name, cmd in interrupt.items():
         # past step 10, so the run resumes from its checkpoint, not from scratch
-        wait_for(lambda n=name: n_rows(out[n]) >= 12 and (out[n] / "checkpoint.pt").exists(), 300, f"{name} step 12")
+        wait_for(lambda n=name: n_rows(out[n]) >= 12 and (out[n] / "checkpoint.pt").exists(), 480, f"{name} step 12")
         job = RunDir(out[name]).status()["slurm_job_id"]
         subprocess.run(cmd(job), check=True)
         wait_for(lambda n=name: RunDir(out[n]).state() == "cancelled", 60, f"{name} to stop")
@@ -215,7 +215,7 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
             assert a.read() == b.read()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_local_and_debug_executors_run_without_slurm(tmp_path):
     sw = sweep_file(
         tmp_path,
