@@ -13,6 +13,7 @@ allowed values. A run's id is a readable name plus 8 hex of the sha256 of the ca
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -341,7 +342,7 @@ def _build(cls, data, prefix: str = ""):
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping of keys, got {data!r}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names))
     if unknown:
@@ -355,6 +356,11 @@ def _build(cls, data, prefix: str = ""):
     except ValueError as e:  # nsr's own validation ("LossConfig.delta=..."): name the key as the file does
         msg = str(e).replace(f"{cls.__name__}.", f"{prefix}." if prefix else "")
         raise ConfigError(msg) from None
+
+
+@functools.cache
+def _type_hints(cls) -> dict:
+    return typing.get_type_hints(cls)
 
 
 def _join(prefix: str, key: str) -> str:

@@ -86,16 +86,21 @@ def run(
         rd.set_status("running", run_hash=cfg.run_hash())
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
-            BACKENDS[cfg.backend](cfg, rd, progress)
-        except (Cancelled, KeyboardInterrupt) as e:
-            rd.set_status("cancelled", error=f"{type(e).__name__}: {e}")
-            raise
-        except BaseException as e:
-            rd.set_status("failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
-            raise
+            try:
+                BACKENDS[cfg.backend](cfg, rd, progress)
+            except BaseException as e:
+                # A second SIGTERM (SLURM sends several) must not interrupt the final status write.
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                error = f"{type(e).__name__}: {e}"
+                if isinstance(e, (Cancelled, KeyboardInterrupt, SystemExit)):  # SystemExit: submitit's requeue
+                    rd.set_status("cancelled", error=error)
+                else:
+                    rd.set_status("failed", error=error, traceback=traceback.format_exc()[-4000:])
+                raise
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            return rd.set_status("done")
         finally:
             signal.signal(signal.SIGTERM, previous)
-        return rd.set_status("done")
 
 
 def default_out(sweep: str, run_id: str) -> Path:

@@ -47,11 +47,15 @@ class RunLockedError(RuntimeError):
 
 def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def git_info() -> dict[str, Any]:
@@ -142,7 +146,9 @@ class RunDir:
             raise ValueError(f"state={state!r} is not valid; allowed: {', '.join(STATES)}")
         now = time.time()
         st = self.status() or {}
-        st.pop("error", None) if state == "running" else None
+        if state == "running":  # a new attempt: the previous attempt's error is history
+            st.pop("error", None)
+            st.pop("traceback", None)
         st.update(state=state, updated=now, host=socket.gethostname(), pid=os.getpid(), **extra)
         st.setdefault("created", now)
         if state == "running":
