@@ -27,6 +27,11 @@ test: venv
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# `make demo` = venv + hard clip vs NSR (delta 0.2) on the CPU testbed, 300 steps, seed 0, then
+# results/figures/demo_dynamics.png (analysis/demo.py; finished runs in results/runs/demo/ are reused).
+demo: venv
+	$(PY) -m analysis.demo
+
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

@@ -108,8 +108,13 @@ def test_same_seed_gives_identical_rows_except_wall_time(nsr_run, tmp_path_facto
     assert _metrics(other_seed)[0]["reward_mean"] != _metrics(nsr_run)[0]["reward_mean"]
 
 
-def test_nsr_rescues_and_hard_does_not(nsr_run, tmp_path_factory):
-    hard = _run(tmp_path_factory, "hard", ["loss.rule=hard"])
+@pytest.fixture(scope="module")
+def hard_run(tiny_env, tmp_path_factory):
+    return _run(tmp_path_factory, "hard", ["loss.rule=hard"])
+
+
+def test_nsr_rescues_and_hard_does_not(nsr_run, hard_run):
+    hard = hard_run
     h, n = _metrics(hard), _metrics(nsr_run)
     assert all(r["rescue_frac"] == 0 for r in h)
     assert sum(r["rescue_frac"] for r in n) > 0
@@ -221,3 +226,15 @@ def test_warm_start_is_built_once_by_concurrent_jobs(tmp_path):
     files = sorted(p.name for p in (tmp_path / "sft").iterdir())
     assert files == [f"{infos[0]['key']}.lock", f"{infos[0]['key']}.pt"]  # no temp file left behind
     assert torch.load(Path(infos[0]["path"]), weights_only=True)["info"]["key"] == infos[0]["key"]
+
+
+def test_demo_figure_from_two_runs(nsr_run, hard_run, tmp_path):
+    from analysis.demo import _eval_curves, plot
+
+    path = plot({"hard": hard_run.path, "nsr": nsr_run.path}, tmp_path / "fig.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
+    # pass@k from raw labels: 2 problems x 4 samples with 1 and 0 correct -> pass@1 = 1/8, pass@4 = 1/2
+    rows = [{"step": 0, "decoding": "sampled", "problem_id": p, "correct": int(p == 0 and s == 0)} for p in (0, 1)
+            for s in range(4)]  # fmt: skip
+    assert _eval_curves(rows, k=8) == ([0], [1 / 8], [0.5], 4)
+    assert _eval_curves(rows, k=1) == ([0], [1 / 8], [1 / 8], 1)
