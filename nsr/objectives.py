@@ -115,8 +115,8 @@ class RuleOutput(NamedTuple):
     """Tokens the judge dropped (for clip_frac_low / clip_frac_high): a (B, T) float 0/1 mask, or a Subset."""
     rescued: Subset | None = None
     """Clipped tokens that the rule rescued, or None."""
-    pushed: Subset | None = None
-    """Unclipped tokens that push-out dropped, or None."""
+    pushed: torch.Tensor | None = None
+    """(B, T) float 0/1 mask of the unclipped tokens that push-out dropped, or None."""
 
 
 Rule = Callable[[RuleInput], RuleOutput]
@@ -154,8 +154,9 @@ def _surrogates(x: RuleInput, ratio: torch.Tensor | None = None) -> _Surrogates:
 
 def _drop_mask(s: _Surrogates) -> torch.Tensor:
     """Float 1.0 where the judge drops the unit, i.e. ``surr2 < surr1`` (method.md: A > 0 and r > 1 + eps_high,
-    or A < 0 and r < 1 - eps_low), else 0.0. Built by arithmetic: a bool mask would cost 3x more to use."""
-    return torch.sub(s.surr1, s.surr2).sign_().clamp_(min=0.0)  # sign(NaN) = 0: NaN units count as kept
+    or A < 0 and r < 1 - eps_low), else 0.0 (NaN too). Written over ``s.surr2``: on CPU a comparison into a float
+    tensor costs a third of one that makes a bool tensor, and float masks are cheap to use."""
+    return s.surr2.lt_(s.surr1)
 
 
 def _dense_hard(x: RuleInput, ratio: torch.Tensor | None = None):
@@ -167,15 +168,15 @@ def _dense_hard(x: RuleInput, ratio: torch.Tensor | None = None):
 
 
 def _sparse_hard(x: RuleInput):
-    """(loss, coef, clipped, sub, adv) for rules that rework the clipped units: ``coef`` is -r A everywhere (the
-    caller sets it on the clipped tokens ``sub``, flat indices in row-major order); ``clipped`` is the (B, T) bool
-    mask; ``adv`` the advantages at ``sub``."""
+    """(loss, coef, drop, sub, adv) for rules that rework the clipped units: ``coef`` is -r A everywhere (the
+    caller sets it on the clipped tokens ``sub``, flat indices in row-major order); ``drop`` is the float
+    clipped mask; ``adv`` the advantages at ``sub``."""
     s = _surrogates(x)
-    clipped = s.surr2 < s.surr1  # method.md: clipped iff A>0 & r>1+eps_high or A<0 & r<1-eps_low
-    idx = clipped.view(-1).nonzero().squeeze(1)
+    drop = _drop_mask(s)  # method.md: clipped iff A>0 & r>1+eps_high or A<0 & r<1-eps_low
+    idx = drop.to(torch.bool).view(-1).nonzero().squeeze(1)  # float -> bool is cheaper than a comparison on CPU
     adv = x.adv.take(idx)
     pos = adv.sign().clamp_(min=0.0)  # a clipped token has A != 0
-    return s.loss, s.surr1.neg_(), clipped, Subset(idx, pos), adv
+    return s.loss, s.surr1.neg_(), drop, Subset(idx, pos), adv
 
 
 def _inside(pos: torch.Tensor, r: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
@@ -183,7 +184,7 @@ def _inside(pos: torch.Tensor, r: torch.Tensor, cfg: LossConfig) -> torch.Tensor
     pos = 0.0, A < 0: r >= lo), else 0.0. No bool ``where``: ``lerp`` with weight exactly 0 or 1 returns the
     start or end exactly (finite values), so it selects."""
     gap = torch.lerp(r - cfg.low, cfg.high - r, pos)  # hi - r (A > 0) or r - lo (A < 0)
-    return gap.nan_to_num_(nan=-1.0).sign_().add_(1.0).clamp_(max=1.0)  # 1.0 iff gap >= 0 (a NaN ratio is outside)
+    return gap.ge_(0.0)  # 1.0 iff gap >= 0 (a NaN ratio is outside)
 
 
 def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, sub: Subset, adv: torch.Tensor) -> Subset:
@@ -203,35 +204,52 @@ def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, sub: Subset, a
     return Subset(idx, sub.pos, ok)
 
 
-def _pushout(x: RuleInput, coef: torch.Tensor, drop: torch.Tensor) -> Subset:
+def _pushout(x: RuleInput, coef: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
     """method.md intervention 4: an unclipped token with A != 0 is dropped iff r z would be clipped.
 
     Only tokens within reach of the boundary (A > 0: r > hi / (1 + delta); A < 0: r < lo / (1 - delta)) can be
-    dropped, so z is drawn for those alone (row-major); the others would be kept whatever their z.
-    ``coef``: -r A on the tokens the judge kept; ``drop``: (B, T) the judge's dropped tokens, float 0/1 or bool.
+    dropped, so z is drawn for those alone, in row-major order (at sequence level: one z per sequence); the
+    others would be kept whatever their z. ``coef``: -r A on the tokens the judge kept, set to 0 in place on the
+    pushed-out ones; ``drop``: (B, T) float, 1.0 on the tokens the judge dropped. Returns the (B, T) float mask of
+    the pushed-out tokens.
+
+    Dense on purpose: 15-25 % of the tokens are within reach, too many for ``nonzero`` (its cost grows with the
+    hits); the k-th draw reaches the k-th token within reach through a running count (``cumsum``).
     """
     cfg = x.cfg
     d = cfg.delta
     if d == 0:
-        return Subset(coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0))
+        return torch.zeros_like(coef)
     reach_lo, reach_hi = cfg.low / (1 - d), cfg.high / (1 + d)
     if reach_lo < reach_hi:
         # within reach iff clip(r, reach_lo, reach_hi) A < r A, i.e. (where coef = -r A exactly) gap < 0
-        gap = x.ratio.clamp(reach_lo, reach_hi)
-        gap = gap.mul_(x.adv) if gap.shape == x.adv.shape else gap * x.adv
-        gap = gap.add_(coef)
+        reach = x.ratio.clamp(reach_lo, reach_hi)
+        reach = reach.mul_(x.adv) if reach.shape == x.adv.shape else reach * x.adv
+        reach = reach.add_(coef).lt_(0.0)  # float 1.0 / 0.0; a NaN ratio is out of reach
     else:  # delta so large that every token with A != 0 is within reach
-        gap = x.adv.sign().abs_().neg_()
-    band = (gap.mul_(drop - 1.0) > 0) if drop.is_floating_point() else (gap < 0).logical_and_(~drop)
-    idx = band.view(-1).nonzero().squeeze(1)
-    adv = x.adv.take(idx)
-    pos = adv.sign().clamp_(min=0.0)
-    if idx.numel() == 0:
-        return Subset(idx, pos)
-    r = x.at(x.ratio, idx)
-    keep = _inside(pos, r * x.uniform(d, idx), cfg)
-    coef.put_(idx, r.mul_(adv).neg_().mul_(keep))  # -A r (as before) if kept; dropped: loses its gradient only
-    return Subset(idx, pos, 1.0 - keep)
+        reach = torch.ne(x.adv, 0.0, out=torch.empty_like(x.adv))
+    band = reach.gt_(drop)  # within reach and kept (1 > 0): float 1.0 / 0.0
+    if x.sequence:
+        if not bool(band.any()):
+            return band
+        z = x.uniform(d)  # (B, 1): one draw per sequence, for its tokens
+    else:
+        rank = band.to(torch.bool).view(-1).cumsum(0, dtype=torch.int32)  # tokens within reach up to here
+        k = int(rank[-1])
+        if k == 0:
+            return band
+        z = torch.cat([x.adv.new_ones(1), _uniform((k,), d, x.adv, x.generator)])  # z[0]: unused filler
+        z = z.index_select(0, rank.long()).view_as(band)  # the k-th draw goes to the k-th token within reach
+    rz = (z * x.ratio).expand_as(band).contiguous() if x.sequence else z.mul_(x.ratio)  # (B, T)
+    if cfg.low * (1 + d) / (1 - d) < cfg.high * (1 - 1e-4):
+        # small delta: r z of a token within reach cannot cross the other bound (A > 0: r > hi / (1 + d) gives
+        # r z > hi (1 - d) / (1 + d) > lo; A < 0 likewise r z < hi), so "inside on its side" is "inside"
+        inside = torch.eq(rz.clamp(cfg.low, cfg.high), rz, out=torch.empty_like(rz))
+    else:
+        inside = _inside(x.adv.sign().clamp_(min=0.0), rz, cfg)
+    keep = inside.ge_(band)  # 0.0 only on the pushed-out tokens: within reach, kept, and r z outside
+    coef.mul_(keep)  # pushed out: keeps its loss value -A r, loses its gradient
+    return keep.neg_().add_(1.0)
 
 
 @RULES.register("hard")
@@ -279,9 +297,9 @@ def pushout(x: RuleInput) -> RuleOutput:
 @RULES.register("nsr_pushout")
 def nsr_pushout(x: RuleInput) -> RuleOutput:
     """Both directions: NSR rescue of clipped tokens and push-out of unclipped ones (independent draws)."""
-    loss, coef, clipped, sub, adv = _sparse_hard(x)
+    loss, coef, drop, sub, adv = _sparse_hard(x)
     rescued = _rescue(x, loss, coef, sub, adv)
-    return RuleOutput(loss, coef, sub, rescued=rescued, pushed=_pushout(x, coef, clipped))
+    return RuleOutput(loss, coef, sub, rescued=rescued, pushed=_pushout(x, coef, drop))
 
 
 @RULES.register("noisy_decision")
@@ -310,9 +328,9 @@ def cispo(x: RuleInput) -> RuleOutput:
     The value uses log r instead of log pi: the two differ by a constant, so the gradient is MiniMax's.
     """
     s = _surrogates(x)  # surr2 = clip(r) A, the clipped IS weight times A
-    drop = _drop_mask(s)  # out of region on the advantage's side, for the clip metrics only
     loss = (s.surr2 * x.log_ratio).neg_()
-    return RuleOutput(loss, s.surr2.neg_(), drop)
+    coef = s.surr2.neg()
+    return RuleOutput(loss, coef, _drop_mask(s))  # out of region on the advantage's side, for the metrics only
 
 
 @RULES.register("sapo")
@@ -346,16 +364,25 @@ def _check(log_probs, old_log_probs, advantages, mask):
     return adv, valid
 
 
+def _count(s: torch.Tensor | Subset) -> int:
+    """Number of tokens in a set given as a Subset or a (B, T) float 0/1 mask."""
+    return s.count() if isinstance(s, Subset) else int(s.sum(dtype=_count_dtype(s)))
+
+
+def _without(s: torch.Tensor | Subset, drop: torch.Tensor) -> torch.Tensor | Subset:
+    """The set minus the tokens where the (B, T) bool ``drop`` is True."""
+    return s.without(drop) if isinstance(s, Subset) else s.masked_fill(drop, 0.0)
+
+
 def _clip_counts(clipped: torch.Tensor | Subset, adv: torch.Tensor) -> tuple[int, int]:
     """(clipped units, clipped units with A > 0); a clipped unit always has A != 0."""
     if isinstance(clipped, Subset):
         return clipped.count(), clipped.count(pos_only=True)
-    acc = _count_dtype(clipped)
-    f = clipped.reshape(-1).to(acc)
-    n = int(f.sum())
+    n = _count(clipped)
     if n == 0:
         return 0, 0
-    n_pos_minus_neg = int(torch.dot(f, adv.reshape(-1).sign().to(acc)))  # sum of sign(A) over clipped units
+    acc = _count_dtype(clipped)
+    n_pos_minus_neg = int(torch.dot(clipped.reshape(-1).to(acc), adv.reshape(-1).sign().to(acc)))  # sum of sign(A)
     return n, (n + n_pos_minus_neg) // 2
 
 
@@ -403,9 +430,9 @@ def _run_rule(u_unit, lr_tok, adv, valid, n, cfg, generator, sink):
         if bool(dual.any()):
             loss = torch.where(dual, -cfg.dual_clip * adv, loss)
             coef = coef.masked_fill(dual, 0.0)
-            clipped = clipped.without(dual) if isinstance(clipped, Subset) else clipped.masked_fill(dual, 0.0)
-            rescued = None if rescued is None else rescued.without(dual)
-            pushed = None if pushed is None else pushed.without(dual)
+            clipped = _without(clipped, dual)
+            rescued = None if rescued is None else _without(rescued, dual)
+            pushed = None if pushed is None else _without(pushed, dual)
     # metrics (method.md / design.md): fractions of valid tokens
     denom = max(n, 1)
     n_clip, n_high = _clip_counts(clipped, adv)
@@ -422,8 +449,8 @@ def _run_rule(u_unit, lr_tok, adv, valid, n, cfg, generator, sink):
             (n_clip - n_high) / denom,
             n_high / denom,
             n_clip / denom,
-            0 if rescued is None else rescued.count() / denom,
-            0 if pushed is None else pushed.count() / denom,
+            0 if rescued is None else _count(rescued) / denom,
+            0 if pushed is None else _count(pushed) / denom,
         ],
         dtype=dt,
     )
