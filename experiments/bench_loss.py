@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -157,6 +158,7 @@ def saved_bytes(fn: Callable[[], object]) -> int:
 
 
 def measure(args) -> dict:
+    load_before = os.getloadavg()[0]
     dtype = getattr(torch, args.dtype)
     spread = DEFAULT_SPREAD[args.level] if args.spread is None else args.spread
     logp, old, adv, mask = make_inputs(args.B, args.T, dtype, spread, seed=args.seed)
@@ -195,6 +197,7 @@ def measure(args) -> dict:
         "threads": torch.get_num_threads(),
         "valid_frac": n_valid / mask.numel(),
         "torch": torch.__version__,
+        "load_avg_1min": [load_before, os.getloadavg()[0]],
     }
     return {"setup": setup, "rows": rows}
 
@@ -206,7 +209,8 @@ def format_table(result: dict) -> str:
     lines = [
         f"B={s['B']} T={s['T']} {s['dtype']} level={s['level']} threads={s['threads']} torch {s['torch']}; "
         f"{s['valid_frac']:.0%} of (B, T) valid; median of {s['repeats']} interleaved repeats; "
-        f"clipped by hard: {hard['clip_frac']:.1%} of valid {unit}",
+        f"clipped by hard: {hard['clip_frac']:.1%} of valid {unit}; load average "
+        f"{s['load_avg_1min'][0]:.2f} -> {s['load_avg_1min'][1]:.2f} on {os.cpu_count()} cores",
         "",
         "| case | median ms | x hard | x OpenRLHF | peak extra MB | saved MB | clip % | rescue % | pushout % |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",

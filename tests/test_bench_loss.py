@@ -72,3 +72,80 @@ def test_bad_arguments_name_the_option(argv, key, capsys):
     with pytest.raises(SystemExit):
         bench_loss.parse_args(argv)
     assert key in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the fast paths vs a plain reference
+# The benchmark drove nsr.objectives to float masks, lerp selections and a rank-based push-out. This plain
+# implementation of method.md (bool masks, nonzero, one draw per token in row-major order; at sequence level
+# one draw per sequence) must give the same loss bit for bit and the same gradient.
+def reference(logp, old, adv, mask, cfg, seed):
+    """(loss, d sum(loss) / d logp, rescue count, push-out count) of nsr / pushout / nsr_pushout."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = logp.shape
+    d, lo, hi = cfg.delta, cfg.low, cfg.high
+    adv = torch.where(mask, adv, 0.0)
+    lr = torch.where(mask, logp - old, 0.0)
+    n_tok = mask.sum(-1, keepdim=True)
+    u = lr if cfg.level == "token" else lr.sum(-1, keepdim=True) / n_tok.clamp(min=1)
+    r = u.clamp(-20, 20).exp().expand(B, T)
+    surr1, surr2 = r * adv, r.clamp(lo, hi) * adv
+    clipped = surr2 < surr1
+    loss, coef = -torch.minimum(surr1, surr2), torch.where(clipped, 0.0, -surr1)
+
+    def draws(tokens):  # z for the flat token indices, in order
+        shape = (B,) if cfg.level == "sequence" else tokens.shape
+        z = torch.rand(shape, generator=g, dtype=logp.dtype).mul_(2 * d).add_(1 - d)
+        return z[tokens // T] if cfg.level == "sequence" else z
+
+    def inside(rz, a):
+        return torch.where(a > 0, rz <= hi, rz >= lo)
+
+    n_resc = n_push = 0
+    if cfg.rule in ("nsr", "nsr_pushout"):
+        idx = clipped.flatten().nonzero().squeeze(1)
+        if len(idx):
+            rr, a = r.flatten()[idx], adv.flatten()[idx]
+            rz = rr * draws(idx)
+            ok = inside(rz, a)
+            value = -((rz if cfg.executor == "noisy" else rr) * a)
+            loss.view(-1)[idx[ok]], coef.view(-1)[idx[ok]] = value[ok], value[ok]
+            n_resc = int(ok.sum())
+    if cfg.rule in ("pushout", "nsr_pushout") and d > 0:
+        reach = (r.clamp(lo / (1 - d), hi / (1 + d)) * adv < surr1) if lo / (1 - d) < hi / (1 + d) else adv != 0
+        idx = (reach & ~clipped).flatten().nonzero().squeeze(1)
+        if len(idx):
+            out = ~inside(r.flatten()[idx] * draws(idx), adv.flatten()[idx])
+            coef.view(-1)[idx[out]] = 0.0
+            n_push = int(out.sum())
+    grad = coef if cfg.level == "token" else (coef.sum(-1, keepdim=True) / n_tok.clamp(min=1)).expand(B, T)
+    return loss, torch.where(mask, grad, 0.0), n_resc, n_push
+
+
+PUSH_CASES = [("token", dl) for dl in (0.05, 0.2, 0.3, 0.5)] + [("sequence", dl) for dl in (2e-4, 4e-4, 1e-3)]
+
+
+@pytest.mark.parametrize("level, delta", PUSH_CASES)
+@pytest.mark.parametrize("rule", ["nsr", "pushout", "nsr_pushout"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fast_paths_equal_the_plain_reference(level, delta, rule, dtype):
+    acted = 0
+    for seed in range(3):
+        spread = 0.3 if level == "token" else 0.002
+        logp, old, adv = (t.detach() for t in bench_loss.make_inputs(64, 64, dtype, spread, seed=seed)[:3])
+        mask = bench_loss.make_inputs(64, 64, dtype, spread, seed=seed)[3]
+        for executor in ("noisy", "clean"):
+            cfg = nsr.LossConfig(rule=rule, level=level, delta=delta, executor=executor)
+            lp = logp.clone().requires_grad_()
+            loss, m = nsr.policy_loss(lp, old, adv, mask, cfg, generator=torch.Generator().manual_seed(seed))
+            loss.sum().backward()
+            ref_loss, ref_grad, n_resc, n_push = reference(logp, old, adv, mask, cfg, seed)
+            assert torch.equal(loss.detach(), ref_loss)
+            if level == "token":
+                assert torch.equal(lp.grad, ref_grad)
+            else:  # the same sum over a sequence's tokens, in another order
+                torch.testing.assert_close(lp.grad, ref_grad, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+            n = mask.sum().item()
+            assert m["rescue_frac"].item() == pytest.approx(n_resc / n)
+            assert m["pushout_frac"].item() == pytest.approx(n_push / n)
+            acted += n_resc + n_push
+    assert acted > 0  # the batches reach the rule's rescue / push-out branches
