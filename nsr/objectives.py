@@ -29,6 +29,11 @@ from typing import NamedTuple
 import torch
 
 from nsr.config import AGG_MODES, LossConfig
+
+try:  # only to find the clipped tokens faster on CPU (see _flat_nonzero); torch is enough without it
+    import numpy as _np
+except ImportError:  # pragma: no cover
+    _np = None
 from nsr.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
@@ -115,8 +120,8 @@ class RuleOutput(NamedTuple):
     """Tokens the judge dropped (for clip_frac_low / clip_frac_high): a (B, T) float 0/1 mask, or a Subset."""
     rescued: Subset | None = None
     """Clipped tokens that the rule rescued, or None."""
-    pushed: torch.Tensor | None = None
-    """(B, T) float 0/1 mask of the unclipped tokens that push-out dropped, or None."""
+    pushed: Subset | None = None
+    """Unclipped tokens that push-out dropped, or None."""
 
 
 Rule = Callable[[RuleInput], RuleOutput]
@@ -167,13 +172,26 @@ def _dense_hard(x: RuleInput, ratio: torch.Tensor | None = None):
     return s.loss, coef, drop
 
 
+def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """Flat (row-major) int64 indices of the True entries of a bool tensor.
+
+    On CPU this asks numpy, whose ``nonzero`` of a bool array is branch-free: 3-6x faster than torch's here
+    (262k entries, 3 % / 15 % True: about 30 / 90 us against 190 / 480 us; torch 2.13, numpy 2.4, one thread).
+    Both views share memory, nothing is copied.
+    """
+    flat = mask.reshape(-1)
+    if _np is None or flat.device.type != "cpu":
+        return flat.nonzero().squeeze(1)
+    return torch.from_numpy(_np.flatnonzero(flat.numpy())).long()
+
+
 def _sparse_hard(x: RuleInput):
     """(loss, coef, drop, sub, adv) for rules that rework the clipped units: ``coef`` is -r A everywhere (the
     caller sets it on the clipped tokens ``sub``, flat indices in row-major order); ``drop`` is the float
     clipped mask; ``adv`` the advantages at ``sub``."""
     s = _surrogates(x)
     drop = _drop_mask(s)  # method.md: clipped iff A>0 & r>1+eps_high or A<0 & r<1-eps_low
-    idx = drop.to(torch.bool).view(-1).nonzero().squeeze(1)  # float -> bool is cheaper than a comparison on CPU
+    idx = _flat_nonzero(drop.to(torch.bool))  # float -> bool is cheaper than a comparison on CPU
     adv = x.adv.take(idx)
     pos = adv.sign().clamp_(min=0.0)  # a clipped token has A != 0
     return s.loss, s.surr1.neg_(), drop, Subset(idx, pos), adv
@@ -204,22 +222,18 @@ def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, sub: Subset, a
     return Subset(idx, sub.pos, ok)
 
 
-def _pushout(x: RuleInput, coef: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+def _pushout(x: RuleInput, coef: torch.Tensor, drop: torch.Tensor) -> Subset:
     """method.md intervention 4: an unclipped token with A != 0 is dropped iff r z would be clipped.
 
     Only tokens within reach of the boundary (A > 0: r > hi / (1 + delta); A < 0: r < lo / (1 - delta)) can be
     dropped, so z is drawn for those alone, in row-major order (at sequence level: one z per sequence); the
     others would be kept whatever their z. ``coef``: -r A on the tokens the judge kept, set to 0 in place on the
-    pushed-out ones; ``drop``: (B, T) float, 1.0 on the tokens the judge dropped. Returns the (B, T) float mask of
-    the pushed-out tokens.
-
-    Dense on purpose: 15-25 % of the tokens are within reach, too many for ``nonzero`` (its cost grows with the
-    hits); the k-th draw reaches the k-th token within reach through a running count (``cumsum``).
+    pushed-out ones; ``drop``: (B, T) float, 1.0 on the tokens the judge dropped.
     """
     cfg = x.cfg
     d = cfg.delta
     if d == 0:
-        return torch.zeros_like(coef)
+        return Subset(coef.new_zeros(0, dtype=torch.long), coef.new_zeros(0), coef.new_zeros(0))
     reach_lo, reach_hi = cfg.low / (1 - d), cfg.high / (1 + d)
     if reach_lo < reach_hi:
         # within reach iff clip(r, reach_lo, reach_hi) A < r A, i.e. (where coef = -r A exactly) gap < 0
@@ -228,28 +242,21 @@ def _pushout(x: RuleInput, coef: torch.Tensor, drop: torch.Tensor) -> torch.Tens
         reach = reach.add_(coef).lt_(0.0)  # float 1.0 / 0.0; a NaN ratio is out of reach
     else:  # delta so large that every token with A != 0 is within reach
         reach = torch.ne(x.adv, 0.0, out=torch.empty_like(x.adv))
-    band = reach.gt_(drop)  # within reach and kept (1 > 0): float 1.0 / 0.0
-    if x.sequence:
-        if not bool(band.any()):
-            return band
-        z = x.uniform(d)  # (B, 1): one draw per sequence, for its tokens
+    idx = _flat_nonzero(reach.gt_(drop).to(torch.bool))  # within reach and kept (1 > 0)
+    adv = x.adv.take(idx)
+    pos = adv.sign().clamp_(min=0.0)
+    if idx.numel() == 0:
+        return Subset(idx, pos, pos)
+    r = x.at(x.ratio, idx)
+    rz = x.uniform(d, idx).mul_(r)
+    if reach_lo < reach_hi * (1 - 1e-4):
+        # then r z of a token within reach cannot cross the other bound (A > 0: r > hi / (1 + d) gives r z >
+        # hi (1 - d) / (1 + d) > lo; A < 0: r z < hi likewise), so "inside on its side" is "inside"
+        keep = torch.eq(rz.clamp(cfg.low, cfg.high), rz, out=torch.empty_like(rz))
     else:
-        rank = band.to(torch.bool).view(-1).cumsum(0, dtype=torch.int32)  # tokens within reach up to here
-        k = int(rank[-1])
-        if k == 0:
-            return band
-        z = torch.cat([x.adv.new_ones(1), _uniform((k,), d, x.adv, x.generator)])  # z[0]: unused filler
-        z = z.index_select(0, rank.long()).view_as(band)  # the k-th draw goes to the k-th token within reach
-    rz = (z * x.ratio).expand_as(band).contiguous() if x.sequence else z.mul_(x.ratio)  # (B, T)
-    if cfg.low * (1 + d) / (1 - d) < cfg.high * (1 - 1e-4):
-        # small delta: r z of a token within reach cannot cross the other bound (A > 0: r > hi / (1 + d) gives
-        # r z > hi (1 - d) / (1 + d) > lo; A < 0 likewise r z < hi), so "inside on its side" is "inside"
-        inside = torch.eq(rz.clamp(cfg.low, cfg.high), rz, out=torch.empty_like(rz))
-    else:
-        inside = _inside(x.adv.sign().clamp_(min=0.0), rz, cfg)
-    keep = inside.ge_(band)  # 0.0 only on the pushed-out tokens: within reach, kept, and r z outside
-    coef.mul_(keep)  # pushed out: keeps its loss value -A r, loses its gradient
-    return keep.neg_().add_(1.0)
+        keep = _inside(pos, rz, cfg)
+    coef.put_(idx, r.mul_(adv).neg_().mul_(keep))  # -A r (as before) if kept; dropped: loses its gradient only
+    return Subset(idx, pos, 1.0 - keep)
 
 
 @RULES.register("hard")
