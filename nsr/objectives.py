@@ -205,16 +205,27 @@ def _inside(pos: torch.Tensor, r: torch.Tensor, cfg: LossConfig) -> torch.Tensor
     return gap.ge_(0.0)  # 1.0 iff gap >= 0 (a NaN ratio is outside)
 
 
+def _inside_region(r: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """Float 1.0 where lo <= r <= hi, else 0.0 (NaN too)."""
+    return torch.eq(r.clamp(cfg.low, cfg.high), r, out=torch.empty_like(r))
+
+
 def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, sub: Subset, adv: torch.Tensor) -> Subset:
     """method.md, NSR steps 1-4, on the clipped tokens ``sub`` (advantages ``adv``) only, in place on ``loss`` and
     ``coef``. Sets ``coef`` at every clipped token: the rescued value, or 0 (still clipped)."""
     idx = sub.idx
     if idx.numel() == 0:
         return sub
+    cfg, d = x.cfg, x.cfg.delta
     r = x.at(x.ratio, idx)
-    z = x.uniform(x.cfg.delta, idx)  # NSR step 1: z ~ U(1 - delta, 1 + delta), per token (per sequence for GSPO)
-    rz = r * z  # NSR step 2: candidate ratio
-    ok = _inside(sub.pos, rz, x.cfg)  # NSR step 3: back inside on the clipped side -> rescued
+    z = x.uniform(d, idx)  # NSR step 1: z ~ U(1 - delta, 1 + delta), per token (per sequence for GSPO)
+    rz = z.mul_(r)  # NSR step 2: candidate ratio
+    # NSR step 3: back inside on the clipped side -> rescued. Unless delta is large, r z of a clipped token cannot
+    # cross the other bound (A > 0: r > hi gives r z > hi (1 - d) > lo; A < 0: r z < lo (1 + d) < hi).
+    if cfg.high * (1 - d) > cfg.low * (1 + 1e-4) and cfg.low * (1 + d) < cfg.high * (1 - 1e-4):
+        ok = _inside_region(rz, cfg)
+    else:
+        ok = _inside(sub.pos, rz, cfg)
     exec_ratio = rz if x.cfg.executor == "noisy" else r
     value = exec_ratio.mul_(adv).neg_()  # loss -A r~ (z detached), which is also its d/du
     loss.put_(idx, torch.lerp(loss.take(idx), value, ok))  # rescued: -A r~; else the hard-clip value
@@ -252,7 +263,7 @@ def _pushout(x: RuleInput, coef: torch.Tensor, drop: torch.Tensor) -> Subset:
     if reach_lo < reach_hi * (1 - 1e-4):
         # then r z of a token within reach cannot cross the other bound (A > 0: r > hi / (1 + d) gives r z >
         # hi (1 - d) / (1 + d) > lo; A < 0: r z < hi likewise), so "inside on its side" is "inside"
-        keep = torch.eq(rz.clamp(cfg.low, cfg.high), rz, out=torch.empty_like(rz))
+        keep = _inside_region(rz, cfg)
     else:
         keep = _inside(pos, rz, cfg)
     coef.put_(idx, r.mul_(adv).neg_().mul_(keep))  # -A r (as before) if kept; dropped: loses its gradient only
@@ -322,7 +333,8 @@ def clean_decision(x: RuleInput) -> RuleOutput:
     """Judge = clean r, executor = r xi: a kept token's loss is -A r xi (method.md intervention 2)."""
     s = _surrogates(x)
     drop = _drop_mask(s)
-    value = (x.ratio * x.uniform(x.cfg.ratio_noise) * x.adv).neg_()
+    value = x.uniform(x.cfg.ratio_noise).mul_(x.ratio)  # r xi
+    value = (value.mul_(x.adv) if value.shape == x.adv.shape else value * x.adv).neg_()
     loss = torch.lerp(value, s.loss, drop)  # hard-clip value where dropped, -A r xi where kept
     coef = value.mul_(1.0 - drop)  # -A r xi where kept, 0 where dropped (exact: times 1 or 0)
     return RuleOutput(loss, coef, drop)
