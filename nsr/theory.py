@@ -29,30 +29,37 @@ def side_expectation(ratio, sign, cfg: LossConfig, half_width: float, power: int
 
 
 def clipped_expectations(ratio: torch.Tensor, pos: torch.Tensor, cfg: LossConfig, half_width: float, power: int):
-    """(P(rescue), E[z^power 1{rescue}]) of units with A != 0: :func:`side_expectation` at powers 0 and
-    ``power``, sharing the work (the soft rule calls this on its clipped tokens).
+    """(P(rescue), E[z^power 1{rescue}]) of *clipped* units: :func:`side_expectation` at powers 0 and ``power``,
+    sharing the work (the soft rule calls this on its clipped tokens).
 
     Args:
-        ratio: float tensor of ratios; pos: float tensor of the same shape, 1.0 where A > 0 and 0.0 where A < 0.
+        ratio: float tensor of ratios, each outside the region on its side (A > 0: r > hi; A < 0: r < lo).
+        pos: float tensor of the same shape, 1.0 where A > 0 and 0.0 where A < 0.
     """
     powers = (0,) if power == 0 else (0, power)
-    terms = _side_terms(ratio, pos, cfg, float(half_width), powers)
+    terms = _side_terms(ratio, pos, cfg, float(half_width), powers, clipped=True)
     return terms[0], terms[-1]
 
 
-def _side_terms(r: torch.Tensor, pos: torch.Tensor, cfg: LossConfig, h: float, powers) -> list[torch.Tensor]:
+def _side_terms(r: torch.Tensor, pos: torch.Tensor, cfg: LossConfig, h: float, powers, clipped: bool = False):
     """E[z^p 1{r z inside on the side}] for each p of ``powers``, for units with A != 0 (pos: 1.0 if A > 0, 0.0 if
     A < 0). Both sides are computed and one is selected by ``lerp(neg_side, pos_side, pos)``, which returns one
-    of them exactly (finite values, weight 0 or 1) and, unlike a bool ``where``, is cheap on CPU."""
+    of them exactly (finite values, weight 0 or 1) and, unlike a bool ``where``, is cheap on CPU. ``clipped``:
+    every unit is outside on its side, so clip(r) is its bound and one t = bound / r serves both sides."""
     hi, lo = cfg.high, cfg.low
     if h == 0:
         return [torch.lerp((r >= lo).to(r.dtype), (r <= hi).to(r.dtype), pos) for _ in powers]
     a, b = 1.0 - h, 1.0 + h
-    t_pos, t_neg = (hi / r).clamp_(a, b), (lo / r).clamp_(a, b)
+    if clipped:  # (1 / r) * bound, as torch computes hi / r for a Python number hi: the same bits
+        t_pos = t_neg = r.reciprocal().mul_(r.clamp(lo, hi)).clamp_(a, b)
+    else:
+        t_pos, t_neg = (hi / r).clamp_(a, b), (lo / r).clamp_(a, b)
     out = []
     for power in powers:
         if power == 1:
-            side_pos, side_neg = (t_pos * t_pos - a * a) / (4 * h), (b * b - t_neg * t_neg) / (4 * h)
+            tt_pos = t_pos * t_pos
+            tt_neg = tt_pos if clipped else t_neg * t_neg
+            side_pos, side_neg = (tt_pos - a * a) / (4 * h), (b * b - tt_neg) / (4 * h)
         elif power == 0:
             side_pos, side_neg = (t_pos - a) / (2 * h), (b - t_neg) / (2 * h)
         else:
