@@ -13,19 +13,23 @@ Each timed call is one training-step's worth of loss work: ``nsr.policy_loss`` +
 Rules run with their defaults (token level: eps 0.2 / 0.28, delta 0.2; sequence level: GSPO eps and delta);
 ``noisy_decision`` and ``clean_decision`` with ratio_noise 0.1. All cases run in one process, in interleaved
 rounds: every repeat calls each case once, round-robin, starting one case later each round, so load drift on a
-shared machine hits all of them alike. Reported: the median time, its ratio to ``hard`` and to OpenRLHF.
+shared machine hits all of them alike. Reported: the median (and min) time, the median's ratio to ``hard``
+and to OpenRLHF. The clock is the wall clock; on a busy shared machine ``--threads 1 --clock cpu`` (this
+thread's CPU time) is steadier, as time spent preempted is not counted, while the wall clock bills it to
+whichever case it hits, longer ones more often.
 
 Memory, measured in one extra, untimed call per case:
 
-* ``peak_mb``: the peak of bytes allocated and not yet freed during forward + backward, above the level at
+* ``peak MB``: the peak of bytes allocated and not yet freed during forward + backward, above the level at
   its start. It is read from the allocation events of ``torch.profiler`` (``profile_memory=True``), which
   records every allocation and free of torch's CPU allocator with its size; a running sum of those sizes,
   in time order, gives the live bytes, and its maximum is the peak (the (B, T) gradient of ``log_probs``
   is included, for every case alike).
-* ``saved_mb``: bytes of the tensors autograd keeps from forward to backward (``saved_tensors_hooks``).
+* ``saved MB``: bytes of the tensors autograd keeps from forward to backward (``saved_tensors_hooks``).
 
 Commands:
-    python -m experiments.bench_loss                                  # B=64, T=4096, float32 (README table)
+    python -m experiments.bench_loss                                  # B=64, T=4096, float32, torch's threads
+    python -m experiments.bench_loss --threads 1 --clock cpu          # steadier on a busy machine
     python -m experiments.bench_loss --level sequence                 # the GSPO variants
     python -m experiments.bench_loss --repeats 200 --threads 2 --json bench.json
 """
@@ -106,17 +110,23 @@ def build_cases(old, adv, mask, level: str, seed: int = 0) -> list[Case]:
     return cases
 
 
-def time_cases(cases: list[Case], logp: torch.Tensor, repeats: int, warmup: int) -> dict[str, list[float]]:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def time_cases(
+    cases: list[Case], logp: torch.Tensor, repeats: int, warmup: int, clock: str = "wall"
+) -> dict[str, list[float]]:
     """Interleaved rounds; returns the per-call times in ms of each case (warm-up rounds dropped)."""
+    now = CLOCKS[clock]
     times: dict[str, list[float]] = {c.name: [] for c in cases}
     n = len(cases)
     for rep in range(warmup + repeats):
         for k in range(n):
             case = cases[(rep + k) % n]
             logp.grad = None
-            t0 = time.perf_counter()
+            t0 = now()
             case.step(logp)
-            dt = time.perf_counter() - t0
+            dt = now() - t0
             if rep >= warmup:
                 times[case.name].append(dt * 1e3)
     return times
@@ -163,7 +173,7 @@ def measure(args) -> dict:
     spread = DEFAULT_SPREAD[args.level] if args.spread is None else args.spread
     logp, old, adv, mask = make_inputs(args.B, args.T, dtype, spread, seed=args.seed)
     cases = build_cases(old, adv, mask, args.level, seed=args.seed)
-    times = time_cases(cases, logp, args.repeats, args.warmup)
+    times = time_cases(cases, logp, args.repeats, args.warmup, args.clock)
     rows = []
     for case in cases:
         logp.grad = None
@@ -176,6 +186,7 @@ def measure(args) -> dict:
             {
                 "name": case.name,
                 "median_ms": statistics.median(times[case.name]),
+                "min_ms": min(times[case.name]),
                 "peak_mb": peak / 2**20,
                 "saved_mb": saved / 2**20,
                 **{k: float(metrics[k]) for k in ("clip_frac", "rescue_frac", "pushout_frac") if k in metrics},
@@ -193,6 +204,7 @@ def measure(args) -> dict:
         "level": args.level,
         "spread": spread,
         "repeats": args.repeats,
+        "clock": args.clock,
         "warmup": args.warmup,
         "threads": torch.get_num_threads(),
         "valid_frac": n_valid / mask.numel(),
@@ -208,17 +220,17 @@ def format_table(result: dict) -> str:
     unit = "tokens" if s["level"] == "token" else "sequences"
     lines = [
         f"B={s['B']} T={s['T']} {s['dtype']} level={s['level']} threads={s['threads']} torch {s['torch']}; "
-        f"{s['valid_frac']:.0%} of (B, T) valid; median of {s['repeats']} interleaved repeats; "
+        f"{s['valid_frac']:.0%} of (B, T) valid; {s['clock']} clock, median of {s['repeats']} interleaved repeats; "
         f"clipped by hard: {hard['clip_frac']:.1%} of valid {unit}; load average "
         f"{s['load_avg_1min'][0]:.2f} -> {s['load_avg_1min'][1]:.2f} on {os.cpu_count()} cores",
         "",
-        "| case | median ms | x hard | x OpenRLHF | peak extra MB | saved MB | clip % | rescue % | pushout % |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | median ms | min ms | x hard | x OpenRLHF | peak MB | saved MB | clip % | rescue % | pushout % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     pct = lambda r, k: f"{100 * r[k]:.2f}" if k in r else "-"  # noqa: E731
     for r in result["rows"]:
         lines.append(
-            f"| {r['name']} | {r['median_ms']:.2f} | {r['vs_hard']:.2f} | {r['vs_openrlhf']:.2f} | "
+            f"| {r['name']} | {r['median_ms']:.2f} | {r['min_ms']:.2f} | {r['vs_hard']:.2f} | {r['vs_openrlhf']:.2f} | "
             f"{r['peak_mb']:.1f} | {r['saved_mb']:.1f} | {pct(r, 'clip_frac')} | {pct(r, 'rescue_frac')} | "
             f"{pct(r, 'pushout_frac')} |"
         )
@@ -231,9 +243,16 @@ def parse_args(argv=None):
     p.add_argument("--T", type=int, default=4096, help="padded response length (default 4096)")
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
     p.add_argument("--level", choices=("token", "sequence"), default="token")
-    p.add_argument("--repeats", type=int, default=50, help="timed rounds (default 50)")
+    p.add_argument("--repeats", type=int, default=100, help="timed rounds (default 100)")
     p.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default="wall",
+        help="wall (default) or cpu: this thread's CPU time, which a busy shared machine inflates less "
+        "(preemption is not counted); needs --threads 1",
+    )
     p.add_argument("--spread", type=float, default=None, help="std of the per-token log-ratio (default by level)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH", help="also write the setup and rows as JSON")
@@ -245,14 +264,19 @@ def parse_args(argv=None):
         p.error(f"--warmup must be >= 0, got {args.warmup}")
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
+    if args.clock == "cpu" and args.threads != 1:
+        p.error("--clock cpu counts this thread only, so it needs --threads 1")
     return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    result = measure(args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads or threads)
+    try:
+        result = measure(args)
+    finally:
+        torch.set_num_threads(threads)
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:
