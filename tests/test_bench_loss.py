@@ -50,10 +50,11 @@ def test_inputs_are_padded_with_advantages_of_both_signs_and_zero():
     assert logp.requires_grad and not old.requires_grad
 
 
-def test_default_spread_clips_a_few_percent():
-    """The README's setting: 3-8% of the valid tokens clipped by hard at the default spread."""
-    logp, old, adv, mask = bench_loss.make_inputs(64, 1024, torch.float32, spread=bench_loss.DEFAULT_SPREAD["token"])
-    _, m = nsr.policy_loss(logp, old, adv, mask, nsr.LossConfig(rule="hard"))
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_default_spread_clips_a_few_percent(level):
+    """The README's setting: 3-8% of the valid tokens (of the sequences) clipped by hard at the default spread."""
+    logp, old, adv, mask = bench_loss.make_inputs(64, 4096, torch.float32, bench_loss.DEFAULT_SPREAD[level])
+    _, m = nsr.policy_loss(logp.detach(), old, adv, mask, nsr.LossConfig(rule="hard", level=level))
     assert 0.03 <= m["clip_frac"].item() <= 0.08
 
 
