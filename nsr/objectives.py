@@ -208,7 +208,7 @@ def _inside(pos: torch.Tensor, r: torch.Tensor, cfg: LossConfig) -> torch.Tensor
 
 def _inside_region(r: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     """Float 1.0 where lo <= r <= hi, else 0.0 (NaN too)."""
-    return torch.eq(r.clamp(cfg.low, cfg.high), r, out=torch.empty_like(r))
+    return r.clamp(cfg.low, cfg.high).eq_(r)
 
 
 def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, sub: Subset, adv: torch.Tensor) -> Subset:

@@ -26,6 +26,7 @@ def test_main_prints_every_rule_with_ratios_and_memory(level, tmp_path, capsys):
         assert math.isfinite(r["median_ms"]) and r["median_ms"] > 0
         assert r["vs_hard"] == pytest.approx(r["median_ms"] / by_name["hard"]["median_ms"])
         assert r["vs_openrlhf"] == pytest.approx(r["median_ms"] / by_name["openrlhf"]["median_ms"])
+        assert r["vs_hard_min"] == pytest.approx(r["min_ms"] / by_name["hard"]["min_ms"])
         assert r["peak_mb"] > 0 and r["saved_mb"] >= 0 and 0 < r["min_ms"] <= r["median_ms"]
     assert by_name["hard"]["vs_hard"] == 1.0 and by_name["openrlhf"]["vs_openrlhf"] == 1.0
     # hard and OpenRLHF agree on what is clipped: the two cases ran on the same batch
@@ -34,7 +35,7 @@ def test_main_prints_every_rule_with_ratios_and_memory(level, tmp_path, capsys):
     printed = capsys.readouterr().out
     for name in names:
         assert f"| {name} |" in printed
-    assert "x hard" in printed and "x OpenRLHF" in printed and "peak MB" in printed
+    assert "x hard" in printed and "x OpenRLHF" in printed and "x hard (min)" in printed and "peak MB" in printed
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert result["setup"]["level"] == level and result["setup"]["repeats"] == 2
 
