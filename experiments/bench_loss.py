@@ -14,9 +14,9 @@ Rules run with their defaults (token level: eps 0.2 / 0.28, delta 0.2; sequence 
 ``noisy_decision`` and ``clean_decision`` with ratio_noise 0.1. All cases run in one process, in interleaved
 rounds: every repeat calls each case once, round-robin, starting one case later each round, so load drift on a
 shared machine hits all of them alike. Reported: the median and min time, the median's ratio to ``hard``
-and to OpenRLHF, and the min's ratio to hard's min (the least disturbed calls). The clock is the wall clock; on a busy shared machine ``--threads 1 --clock cpu`` (this
-thread's CPU time) is steadier, as time spent preempted is not counted, while the wall clock bills it to
-whichever case it hits, longer ones more often.
+and to OpenRLHF, and the min's ratio to hard's min (the least disturbed calls). The clock is the wall clock;
+on a busy shared machine ``--threads 1 --clock cpu`` (this thread's CPU time) is steadier, as time spent
+preempted is not counted, while the wall clock bills it to whichever case it hits, longer ones more often.
 
 Memory, measured in one extra, untimed call per case:
 
