@@ -82,6 +82,8 @@ def test_smoke_run_writes_the_full_contract(nsr_run):
         assert METRIC_FIELDS <= set(r), METRIC_FIELDS - set(r)
         assert all(isinstance(v, (int, float)) and v == v for v in r.values())  # numbers, no NaN
         assert 0 <= r["reward_mean"] <= 1 and r["entropy"] > 0 and 1 <= r["response_len"] <= 8
+        assert r["ratio_out_frac"] >= r["clip_frac"] - 1e-9  # a clipped token is outside the region
+        assert r["clip_frac"] == pytest.approx(r["clip_frac_low"] + r["clip_frac_high"])
     assert sum(r["clip_frac_low"] + r["clip_frac_high"] for r in rows) > 0  # the clip fires: NSR has work
 
     ev = read_jsonl(rd.eval_path)
@@ -188,6 +190,8 @@ def test_other_paths_run(tiny_env, tmp_path_factory, overrides, extra_key):
     assert all(v == v for r in rows for v in r.values())
     if extra_key:
         assert extra_key in rows[0] and rows[0][extra_key] >= 0
+    if "loss.level=sequence" in overrides:  # token ratios against sequence bounds would mean nothing
+        assert "ratio_out_frac" not in rows[0]
     if "loss.rule=pushout" in overrides:
         assert sum(r["pushout_frac"] for r in rows) > 0
 

@@ -105,8 +105,11 @@ def warm_start(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
             if not path.exists():  # another job may have built it while we waited
                 state, info = train_sft(cfg, progress)
                 tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-                torch.save({"state_dict": state, "info": info}, tmp)
-                os.replace(tmp, path)
+                try:
+                    torch.save({"state_dict": state, "info": info}, tmp)
+                    os.replace(tmp, path)
+                finally:
+                    tmp.unlink(missing_ok=True)  # only left when interrupted mid-write
     blob = torch.load(path, weights_only=True)
     return blob["state_dict"], blob["info"]
 

@@ -87,10 +87,10 @@ def rl_step(
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
             opt.step()
-            with torch.no_grad():
-                r = torch.exp(logp.detach() - old_logp[mb])[m]
-                out = ((r < cfg.loss.low) | (r > cfg.loss.high)).float().mean()
-            _add(acc, "ratio_out_frac", out.item())
+            if cfg.loss.level == "token":  # token ratios outside the region, either side (clipped or not)
+                with torch.no_grad():
+                    r = torch.exp(logp.detach() - old_logp[mb])[m]
+                    _add(acc, "ratio_out_frac", ((r < cfg.loss.low) | (r > cfg.loss.high)).float().mean().item())
             _add(acc, "policy_loss", pg_loss.item())
             _add(acc, "grad_norm", grad_norm.item())
             _add(acc, "ppo_kl", met["approx_kl"].item())
@@ -122,8 +122,11 @@ def _add(acc: dict, key: str, value: float) -> None:
 def _save_checkpoint(rd: RunDir, step: int, model, opt, cfg: RunConfig) -> None:
     tmp = rd.checkpoint_path.with_name(f".{rd.checkpoint_path.name}.tmp{os.getpid()}")
     state = {"step": step, "run_hash": cfg.run_hash(), "model": model.state_dict(), "optimizer": opt.state_dict()}
-    torch.save(state, tmp)
-    os.replace(tmp, rd.checkpoint_path)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, rd.checkpoint_path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left when interrupted (SIGTERM) mid-write
 
 
 def _uncompress_eval(rd: RunDir) -> None:
