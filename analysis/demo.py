@@ -3,7 +3,7 @@
     make demo                          # builds .venv, runs both arms, writes results/figures/demo_dynamics.png
     python -m analysis.demo            # the same, in an existing environment (about 2 minutes on 2 cores)
     python -m analysis.demo --plot-only
-    python -m analysis.demo --jobs 1   # the arms one after the other, NSR_THREADS (default 2) threads each
+    python -m analysis.demo --jobs 1   # the arms one after the other, NSR_THREADS (default 1) threads each
 
 Both runs use ``sweeps/presets/tiny.yaml`` with ``train.steps=300`` and ``eval.every=50``, and go to
 ``results/runs/demo/<arm>-<run hash>/`` (the normal run-folder contract, so ``analysis`` reads them like any

@@ -193,12 +193,18 @@ class RunDir:
                 f.flush()
 
     def truncate_logs(self, last_step: int) -> None:
-        """Drop log rows with step > ``last_step`` (written after the checkpoint a resume starts from)."""
+        """Drop log rows with step > ``last_step`` (written after the checkpoint a resume starts from).
+
+        A compressed eval.jsonl.gz (a run that died after compressing) comes back as a plain eval.jsonl.
+        """
         for name in ("metrics.jsonl", "eval.jsonl"):
             path = self.path / name
-            if path.exists():
-                keep = [r for r in read_jsonl(path) if r.get("step", -1) <= last_step]
+            gz = path.with_name(name + ".gz")
+            src = path if path.exists() else gz if gz.exists() else None
+            if src is not None:
+                keep = [r for r in read_jsonl(src) if r.get("step", -1) <= last_step]
                 atomic_write_text(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in keep))
+                gz.unlink(missing_ok=True)
 
     def reset_logs(self) -> None:
         for name in ("metrics.jsonl", "eval.jsonl", "eval.jsonl.gz"):

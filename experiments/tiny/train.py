@@ -16,9 +16,7 @@ uninterrupted one (every field but wall_s).
 from __future__ import annotations
 
 import copy
-import gzip
 import os
-import shutil
 import time
 
 import torch
@@ -129,17 +127,6 @@ def _save_checkpoint(rd: RunDir, step: int, model, opt, cfg: RunConfig) -> None:
         tmp.unlink(missing_ok=True)  # only left when interrupted (SIGTERM) mid-write
 
 
-def _uncompress_eval(rd: RunDir) -> None:
-    """A run that died after compressing eval.jsonl resumes on the plain file (truncate_logs reads that one)."""
-    gz, plain = rd.path / "eval.jsonl.gz", rd.path / "eval.jsonl"
-    if gz.exists() and not plain.exists():
-        tmp = plain.with_name(".eval.jsonl.tmp")
-        with gzip.open(gz, "rb") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(tmp, plain)
-        gz.unlink()
-
-
 def _eval_due(cfg: RunConfig, step: int) -> bool:
     every = cfg.eval.every
     return step == cfg.train.steps or (every > 0 and step % every == 0)
@@ -167,7 +154,6 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         start = ck["step"]
-        _uncompress_eval(rd)
         rd.truncate_logs(start)
     else:
         rd.reset_logs()
