@@ -17,6 +17,9 @@ shared machine hits all of them alike. Reported: the median and min time, the me
 and to OpenRLHF, and the min's ratio to hard's min (the least disturbed calls). The clock is the wall clock;
 on a busy shared machine ``--threads 1 --clock cpu`` (this thread's CPU time) is steadier, as time spent
 preempted is not counted, while the wall clock bills it to whichever case it hits, longer ones more often.
+``--keep-heap`` asks glibc to keep freed memory in the process: by default it hands the MB-sized temporaries
+back to the OS after each call and page-faults them in again on the next (zeroed by the kernel), a cost that
+depends on each case's allocation pattern and, on the 2-core test machine, made most of the run-to-run noise.
 
 Memory, measured in one extra, untimed call per case:
 
@@ -29,7 +32,7 @@ Memory, measured in one extra, untimed call per case:
 
 Commands:
     python -m experiments.bench_loss                                  # B=64, T=4096, float32, torch's threads
-    python -m experiments.bench_loss --threads 1 --clock cpu          # steadier on a busy machine
+    python -m experiments.bench_loss --threads 1 --clock cpu --keep-heap  # steadier on a busy machine
     python -m experiments.bench_loss --level sequence                 # the GSPO variants
     python -m experiments.bench_loss --repeats 200 --threads 2 --json bench.json
 """
@@ -167,6 +170,20 @@ def saved_bytes(fn: Callable[[], object]) -> int:
     return sum(seen.values())
 
 
+def keep_heap() -> None:
+    """glibc ``mallopt``: serve allocations up to 32 MB from the heap and never trim it (see the module doc)."""
+    import ctypes
+    import ctypes.util
+
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):
+        raise RuntimeError("--keep-heap needs glibc's mallopt, not found in this C library") from None
+    if not (mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30)):
+        raise RuntimeError("--keep-heap: glibc mallopt refused the thresholds")
+
+
 def measure(args) -> dict:
     load_before = os.getloadavg()[0]
     dtype = getattr(torch, args.dtype)
@@ -207,6 +224,7 @@ def measure(args) -> dict:
         "spread": spread,
         "repeats": args.repeats,
         "clock": args.clock,
+        "keep_heap": args.keep_heap,
         "warmup": args.warmup,
         "threads": torch.get_num_threads(),
         "valid_frac": n_valid / mask.numel(),
@@ -222,7 +240,8 @@ def format_table(result: dict) -> str:
     unit = "tokens" if s["level"] == "token" else "sequences"
     lines = [
         f"B={s['B']} T={s['T']} {s['dtype']} level={s['level']} threads={s['threads']} torch {s['torch']}; "
-        f"{s['valid_frac']:.0%} of (B, T) valid; {s['clock']} clock, median of {s['repeats']} interleaved repeats; "
+        f"{s['valid_frac']:.0%} of (B, T) valid; {s['clock']} clock{', kept heap' if s['keep_heap'] else ''}, "
+        f"median of {s['repeats']} interleaved repeats; "
         f"clipped by hard: {hard['clip_frac']:.1%} of valid {unit}; load average "
         f"{s['load_avg_1min'][0]:.2f} -> {s['load_avg_1min'][1]:.2f} on {os.cpu_count()} cores",
         "",
@@ -257,6 +276,7 @@ def parse_args(argv=None):
         help="wall (default) or cpu: this thread's CPU time, which a busy shared machine inflates less "
         "(preemption is not counted); needs --threads 1",
     )
+    p.add_argument("--keep-heap", action="store_true", help="glibc: keep freed memory (no page faults per call)")
     p.add_argument("--spread", type=float, default=None, help="std of the per-token log-ratio (default by level)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH", help="also write the setup and rows as JSON")
@@ -275,6 +295,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.keep_heap:
+        keep_heap()
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
     try:

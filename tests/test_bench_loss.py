@@ -5,6 +5,9 @@ No timing is asserted (timings belong to the benchmark's report, not to pass/fai
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,6 +41,24 @@ def test_main_prints_every_rule_with_ratios_and_memory(level, tmp_path, capsys):
     assert "x hard" in printed and "x OpenRLHF" in printed and "x hard (min)" in printed and "peak MB" in printed
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert result["setup"]["level"] == level and result["setup"]["repeats"] == 2
+
+
+def test_command_line_with_kept_heap(tmp_path):
+    """The module runs as a script (its own process, so glibc's mallopt does not touch the test process)."""
+    out = tmp_path / "bench.json"
+    argv = ["--B", "4", "--T", "64", "--repeats", "2", "--threads", "1", "--clock", "cpu", "--keep-heap"]
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.bench_loss", *argv, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    assert "kept heap" in done.stdout and "| nsr |" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["setup"]["keep_heap"] and result["setup"]["threads"] == 1
+    assert [r["name"] for r in result["rows"]] == ["openrlhf", *nsr.RULES]
 
 
 def test_inputs_are_padded_with_advantages_of_both_signs_and_zero():
