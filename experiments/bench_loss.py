@@ -12,8 +12,8 @@ Each timed call is one training-step's worth of loss work: ``nsr.policy_loss`` +
 
 Rules run with their defaults (token level: eps 0.2 / 0.28, delta 0.2; sequence level: GSPO eps and delta);
 ``noisy_decision`` and ``clean_decision`` with ratio_noise 0.1. All cases run in one process, in interleaved
-rounds: every repeat calls each case once, round-robin, starting one case later each round, so load drift on a
-shared machine hits all of them alike. Reported: the median and min time, the median's ratio to ``hard``
+rounds: every repeat calls each case once, in a fresh (seeded) random order, so load drift on a shared machine
+and the cache state left by the previous call hit all of them alike. Reported: the median and min time, the median's ratio to ``hard``
 and to OpenRLHF, and the min's ratio to hard's min (the least disturbed calls). The clock is the wall clock;
 on a busy shared machine ``--threads 1 --clock cpu`` (this thread's CPU time) is steadier, as time spent
 preempted is not counted, while the wall clock bills it to whichever case it hits, longer ones more often.
@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -117,15 +118,15 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 def time_cases(
-    cases: list[Case], logp: torch.Tensor, repeats: int, warmup: int, clock: str = "wall"
+    cases: list[Case], logp: torch.Tensor, repeats: int, warmup: int, clock: str = "wall", seed: int = 0
 ) -> dict[str, list[float]]:
-    """Interleaved rounds; returns the per-call times in ms of each case (warm-up rounds dropped)."""
+    """Interleaved rounds, each in a fresh seeded random order; returns the per-call times in ms of each case
+    (warm-up rounds dropped)."""
     now = CLOCKS[clock]
     times: dict[str, list[float]] = {c.name: [] for c in cases}
-    n = len(cases)
+    rng = random.Random(seed)
     for rep in range(warmup + repeats):
-        for k in range(n):
-            case = cases[(rep + k) % n]
+        for case in rng.sample(cases, len(cases)):
             logp.grad = None
             t0 = now()
             case.step(logp)
@@ -190,7 +191,7 @@ def measure(args) -> dict:
     spread = DEFAULT_SPREAD[args.level] if args.spread is None else args.spread
     logp, old, adv, mask = make_inputs(args.B, args.T, dtype, spread, seed=args.seed)
     cases = build_cases(old, adv, mask, args.level, seed=args.seed)
-    times = time_cases(cases, logp, args.repeats, args.warmup, args.clock)
+    times = time_cases(cases, logp, args.repeats, args.warmup, args.clock, seed=args.seed)
     rows = []
     for case in cases:
         logp.grad = None
