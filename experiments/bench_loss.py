@@ -13,8 +13,8 @@ Each timed call is one training-step's worth of loss work: ``nsr.policy_loss`` +
 Rules run with their defaults (token level: eps 0.2 / 0.28, delta 0.2; sequence level: GSPO eps and delta);
 ``noisy_decision`` and ``clean_decision`` with ratio_noise 0.1. All cases run in one process, in interleaved
 rounds: every repeat calls each case once, in a fresh (seeded) random order, so load drift on a shared machine
-and the cache state left by the previous call hit all of them alike. Reported: the median and min time, the median's ratio to ``hard``
-and to OpenRLHF, and the min's ratio to hard's min (the least disturbed calls). The clock is the wall clock;
+and the cache state left by the previous call hit all of them alike. Reported: the median and min time, the
+median's ratio to ``hard`` and to OpenRLHF, and the min's ratio to hard's min. The clock is the wall clock;
 on a busy shared machine ``--threads 1 --clock cpu`` (this thread's CPU time) is steadier, as time spent
 preempted is not counted, while the wall clock bills it to whichever case it hits, longer ones more often.
 ``--keep-heap`` asks glibc to keep freed memory in the process: by default it hands the MB-sized temporaries
