@@ -347,10 +347,13 @@ def cispo(x: RuleInput) -> RuleOutput:
 
     The value uses log r instead of log pi: the two differ by a constant, so the gradient is MiniMax's.
     """
-    s = _surrogates(x)  # surr2 = clip(r) A, the clipped IS weight times A
-    loss = (s.surr2 * x.log_ratio).neg_()
-    coef = s.surr2.neg()
-    return RuleOutput(loss, coef, _drop_mask(s))  # out of region on the advantage's side, for the metrics only
+    cfg = x.cfg
+    w = x.ratio.clamp(cfg.low, cfg.high)
+    w = w.mul_(x.adv) if w.shape == x.adv.shape else w * x.adv  # the clipped IS weight times A
+    loss = (w * x.log_ratio).neg_()
+    coef = w.neg()
+    drop = w.lt_(x.ratio * x.adv)  # out of region on the advantage's side, for the clip metrics only
+    return RuleOutput(loss, coef, drop)
 
 
 @RULES.register("sapo")
