@@ -186,16 +186,34 @@ def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(_np.flatnonzero(flat.numpy())).long()
 
 
+class _Clipped(NamedTuple):
+    """The clipped tokens of a sparse rule, by flat (row-major) index, with their values there."""
+
+    idx: torch.Tensor
+    adv: torch.Tensor
+    """A."""
+    ratio: torch.Tensor
+    """r of the token's unit."""
+    pos: torch.Tensor
+    """Float 1.0 where A > 0, else 0.0 (a clipped token has A != 0)."""
+    loss: torch.Tensor
+    """The hard-clip value -clip(r) A."""
+
+
 def _sparse_hard(x: RuleInput):
-    """(loss, coef, drop, sub, adv) for rules that rework the clipped units: ``coef`` is -r A everywhere (the
-    caller sets it on the clipped tokens ``sub``, flat indices in row-major order); ``drop`` is the float
-    clipped mask; ``adv`` the advantages at ``sub``."""
-    s = _surrogates(x)
-    drop = _drop_mask(s)  # method.md: clipped iff A>0 & r>1+eps_high or A<0 & r<1-eps_low
+    """(loss, coef, drop, clipped) for rules that rework the clipped units. ``loss`` and ``coef`` hold the kept
+    value -r A everywhere: the caller must set both on every clipped token (``clipped``, a :class:`_Clipped`);
+    ``drop`` is the float clipped mask."""
+    cfg = x.cfg
+    surr1 = x.ratio * x.adv
+    c = x.ratio.clamp(cfg.low, cfg.high)
+    drop = (c.mul_(x.adv) if c.shape == x.adv.shape else c * x.adv).lt_(surr1)  # _drop_mask: surr2 < surr1
     idx = _flat_nonzero(drop.to(torch.bool))  # float -> bool is cheaper than a comparison on CPU
-    adv = x.adv.take(idx)
-    pos = adv.sign().clamp_(min=0.0)  # a clipped token has A != 0
-    return s.loss, s.surr1.neg_(), drop, Subset(idx, pos), adv
+    coef = surr1.neg_()
+    adv, r = x.adv.take(idx), x.at(x.ratio, idx)
+    hard_value = r.clamp(cfg.low, cfg.high).mul_(adv).neg_()  # -clip(r) A, as -min(r A, clip(r) A) there
+    clipped = _Clipped(idx, adv, r, adv.sign().clamp_(min=0.0), hard_value)
+    return coef.clone(), coef, drop, clipped  # a kept token's min-form value -min(r A, clip(r) A) is -r A
 
 
 def _inside(pos: torch.Tensor, r: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
@@ -211,27 +229,26 @@ def _inside_region(r: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     return r.clamp(cfg.low, cfg.high).eq_(r)
 
 
-def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, sub: Subset, adv: torch.Tensor) -> Subset:
-    """method.md, NSR steps 1-4, on the clipped tokens ``sub`` (advantages ``adv``) only, in place on ``loss`` and
-    ``coef``. Sets ``coef`` at every clipped token: the rescued value, or 0 (still clipped)."""
-    idx = sub.idx
+def _rescue(x: RuleInput, loss: torch.Tensor, coef: torch.Tensor, cl: _Clipped) -> Subset:
+    """method.md, NSR steps 1-4, on the clipped tokens ``cl`` only, in place on ``loss`` and ``coef``: sets both
+    on every clipped token (rescued: -A r~; still clipped: the hard-clip value, zero gradient)."""
+    idx = cl.idx
     if idx.numel() == 0:
-        return sub
+        return Subset(idx, cl.pos)
     cfg, d = x.cfg, x.cfg.delta
-    r = x.at(x.ratio, idx)
     z = x.uniform(d, idx)  # NSR step 1: z ~ U(1 - delta, 1 + delta), per token (per sequence for GSPO)
-    rz = z.mul_(r)  # NSR step 2: candidate ratio
+    rz = z.mul_(cl.ratio)  # NSR step 2: candidate ratio
     # NSR step 3: back inside on the clipped side -> rescued. Unless delta is large, r z of a clipped token cannot
     # cross the other bound (A > 0: r > hi gives r z > hi (1 - d) > lo; A < 0: r z < lo (1 + d) < hi).
     if cfg.high * (1 - d) > cfg.low * (1 + 1e-4) and cfg.low * (1 + d) < cfg.high * (1 - 1e-4):
         ok = _inside_region(rz, cfg)
     else:
-        ok = _inside(sub.pos, rz, cfg)
-    exec_ratio = rz if x.cfg.executor == "noisy" else r
-    value = exec_ratio.mul_(adv).neg_()  # loss -A r~ (z detached), which is also its d/du
-    loss.put_(idx, torch.lerp(loss.take(idx), value, ok))  # rescued: -A r~; else the hard-clip value
+        ok = _inside(cl.pos, rz, cfg)
+    exec_ratio = rz if cfg.executor == "noisy" else cl.ratio
+    value = torch.mul(exec_ratio, cl.adv).neg_()  # loss -A r~ (z detached), which is also its d/du
+    loss.put_(idx, torch.lerp(cl.loss, value, ok))  # rescued: -A r~; else the hard-clip value
     coef.put_(idx, value.mul_(ok))  # NSR step 4: not rescued -> stays clipped (zero gradient)
-    return Subset(idx, sub.pos, ok)
+    return Subset(idx, cl.pos, ok)
 
 
 def _pushout(x: RuleInput, coef: torch.Tensor, drop: torch.Tensor) -> Subset:
@@ -280,8 +297,8 @@ def hard(x: RuleInput) -> RuleOutput:
 @RULES.register("nsr")
 def nsr(x: RuleInput) -> RuleOutput:
     """Near-boundary Stochastic Rescue: a clipped token is rescued iff r z is back inside (method.md, NSR)."""
-    loss, coef, _, sub, adv = _sparse_hard(x)
-    return RuleOutput(loss, coef, sub, rescued=_rescue(x, loss, coef, sub, adv))
+    loss, coef, _, cl = _sparse_hard(x)
+    return RuleOutput(loss, coef, Subset(cl.idx, cl.pos), rescued=_rescue(x, loss, coef, cl))
 
 
 @RULES.register("soft")
@@ -293,17 +310,15 @@ def soft(x: RuleInput) -> RuleOutput:
     """
     from nsr.theory import clipped_expectations
 
-    loss, coef, _, sub, adv = _sparse_hard(x)
-    idx = sub.idx
-    if idx.numel():
+    loss, coef, _, cl = _sparse_hard(x)
+    if cl.idx.numel():
         cfg = x.cfg
-        r = x.at(x.ratio, idx)
         # method.md intervention 3: w(r) of the configured executor, and P(rescue)
-        p, w = clipped_expectations(r, sub.pos, cfg, cfg.delta, 1 if cfg.executor == "noisy" else 0)
-        grad_value = r.mul_(adv).mul_(w).neg_()  # -w A r with w constant: its d/du is itself
-        loss.put_(idx, grad_value + (1.0 - p) * loss.take(idx))
-        coef.put_(idx, grad_value)
-    return RuleOutput(loss, coef, sub)
+        p, w = clipped_expectations(cl.ratio, cl.pos, cfg, cfg.delta, 1 if cfg.executor == "noisy" else 0)
+        grad_value = torch.mul(cl.ratio, cl.adv).mul_(w).neg_()  # -w A r with w constant: its d/du is itself
+        loss.put_(cl.idx, grad_value + (1.0 - p) * cl.loss)
+        coef.put_(cl.idx, grad_value)
+    return RuleOutput(loss, coef, Subset(cl.idx, cl.pos))
 
 
 @RULES.register("pushout")
@@ -316,9 +331,9 @@ def pushout(x: RuleInput) -> RuleOutput:
 @RULES.register("nsr_pushout")
 def nsr_pushout(x: RuleInput) -> RuleOutput:
     """Both directions: NSR rescue of clipped tokens and push-out of unclipped ones (independent draws)."""
-    loss, coef, drop, sub, adv = _sparse_hard(x)
-    rescued = _rescue(x, loss, coef, sub, adv)
-    return RuleOutput(loss, coef, sub, rescued=rescued, pushed=_pushout(x, coef, drop))
+    loss, coef, drop, cl = _sparse_hard(x)
+    rescued = _rescue(x, loss, coef, cl)
+    return RuleOutput(loss, coef, Subset(cl.idx, cl.pos), rescued=rescued, pushed=_pushout(x, coef, drop))
 
 
 @RULES.register("noisy_decision")
