@@ -4,6 +4,7 @@
         config.yaml     the resolved RunConfig + a ``meta`` section (git commit, package versions, run id)
         metrics.jsonl   one JSON object per RL step
         eval.jsonl      one JSON object per (step, benchmark, problem_id, decoding, sample)
+        ratio_bins.jsonl  (tiny backend) per RL step, clipped and rescued token counts by depth into the rescue zone
         status.json     state running | done | failed | cancelled, timestamps, error; written atomically
         checkpoint.pt   resumable state (tiny backend), replaced atomically
 
@@ -33,6 +34,8 @@ import yaml
 from experiments.config import RunConfig
 
 STATES = ("running", "done", "failed", "cancelled")
+LOG_FILES = ("metrics.jsonl", "eval.jsonl", "ratio_bins.jsonl")
+"""Step-indexed JSON-lines logs; ratio_bins.jsonl (optional) holds per-step clipped / rescued counts by ratio bin."""
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _PACKAGES = ("torch", "transformers", "openrlhf", "numpy", "datasets", "submitit", "vllm", "deepspeed", "ray")
 
@@ -197,7 +200,7 @@ class RunDir:
 
         A compressed eval.jsonl.gz (a run that died after compressing) comes back as a plain eval.jsonl.
         """
-        for name in ("metrics.jsonl", "eval.jsonl"):
+        for name in LOG_FILES:
             path = self.path / name
             gz = path.with_name(name + ".gz")
             src = path if path.exists() else gz if gz.exists() else None
@@ -207,7 +210,7 @@ class RunDir:
                 gz.unlink(missing_ok=True)
 
     def reset_logs(self) -> None:
-        for name in ("metrics.jsonl", "eval.jsonl", "eval.jsonl.gz"):
+        for name in (*LOG_FILES, "eval.jsonl.gz"):
             (self.path / name).unlink(missing_ok=True)
 
     def compress_eval(self) -> None:
@@ -223,7 +226,7 @@ class RunDir:
 
     def clear(self) -> None:
         """Remove everything this contract writes (``--force``)."""
-        for p in ("config.yaml", "status.json", "metrics.jsonl", "eval.jsonl", "eval.jsonl.gz", "checkpoint.pt"):
+        for p in ("config.yaml", "status.json", *LOG_FILES, "eval.jsonl.gz", "checkpoint.pt"):
             (self.path / p).unlink(missing_ok=True)
 
     # ------------------------------------------------------------ lock

@@ -143,3 +143,28 @@ def expected_weight(ratio, advantage_sign, cfg: LossConfig) -> torch.Tensor:
     if cfg.dual_clip is not None:
         w = torch.where((s < 0) & (r > cfg.dual_clip), 0.0, w)
     return w
+
+
+def rescue_zone(sign: int, cfg: LossConfig) -> tuple[float, float]:
+    """(boundary, edge) of NSR's rescue zone on the side of ``sign``: the clipped ratios a z ~ U(1 - delta,
+    1 + delta) can bring back inside. A > 0: (c, c / (1 - delta)); A < 0: (b, b / (1 + delta))."""
+    if sign > 0:
+        return cfg.high, cfg.high / (1.0 - cfg.delta)
+    return cfg.low, cfg.low / (1.0 + cfg.delta)
+
+
+def rescue_depth(ratio, sign, cfg: LossConfig) -> torch.Tensor:
+    """How far a clipped ratio lies into the rescue zone: 0 at the clip boundary, 1 at the zone's far edge
+    (deep violations > 1; unclipped ratios < 0). Per-side, so both sides share one binning of [0, 1)."""
+    r, s = _tensors(ratio, sign)
+    pos_b, pos_e = rescue_zone(1, cfg)
+    neg_b, neg_e = rescue_zone(-1, cfg)
+    pos = (r - pos_b) / (pos_e - pos_b) if cfg.delta > 0 else torch.where(r > pos_b, torch.inf, -1.0)
+    neg = (neg_b - r) / (neg_b - neg_e) if cfg.delta > 0 else torch.where(r < neg_b, torch.inf, -1.0)
+    return torch.where(s > 0, pos, neg)
+
+
+def depth_to_ratio(depth, sign: int, cfg: LossConfig):
+    """Inverse of :func:`rescue_depth` on one side."""
+    b, e = rescue_zone(sign, cfg)
+    return b + (e - b) * depth

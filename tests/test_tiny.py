@@ -127,6 +127,23 @@ def test_nsr_rescues_and_hard_does_not(nsr_run, hard_run):
     assert [r for r in ev_h if r["step"] == 0] == [r for r in ev_n if r["step"] == 0]
 
 
+def test_ratio_bins_log_what_the_rule_did_with_clipped_tokens(nsr_run, hard_run):
+    """ratio_bins.jsonl: one row per step; hard keeps no clipped token, nsr rescues only inside the zone, and the
+    logged weights are those of rescued tokens (each between 1 - delta and 1 + delta for the noisy executor)."""
+    bins = {name: read_jsonl(rd.path / "ratio_bins.jsonl") for name, rd in (("hard", hard_run), ("nsr", nsr_run))}
+    assert [r["step"] for r in bins["nsr"]] == [r["step"] for r in _metrics(nsr_run)]
+    for side in ("pos", "neg"):
+        assert sum(sum(r[f"{side}_rescued"]) for r in bins["hard"]) == 0
+        assert sum(sum(r[f"{side}_clipped"]) for r in bins["hard"]) > 0
+        rescued = [sum(col) for col in zip(*(r[f"{side}_rescued"] for r in bins["nsr"]))]
+        weight = [sum(col) for col in zip(*(r[f"{side}_weight"] for r in bins["nsr"]))]
+        assert sum(rescued[:-1]) > 0 and rescued[-1] == 0  # deep violations (last bin) are never rescued
+        for k, w in zip(rescued, weight):
+            assert k * (1 - 0.2) * 0.999 <= w <= k * (1 + 0.2) * 1.001
+    total_rescued = sum(sum(r["pos_rescued"]) + sum(r["neg_rescued"]) for r in bins["nsr"])
+    assert total_rescued > 0
+
+
 def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "experiments.run", str(SMOKE), "loss.rule=nsr", "logging.checkpoint_every=5"]
@@ -152,6 +169,7 @@ def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
     assert status["state"] == "done" and status["attempts"] == 2
     assert _metrics(rd) == _metrics(nsr_run)
     assert read_jsonl(rd.eval_path) == read_jsonl(nsr_run.eval_path)
+    assert read_jsonl(rd.path / "ratio_bins.jsonl") == read_jsonl(nsr_run.path / "ratio_bins.jsonl")
     assert not rd.checkpoint_path.exists()
 
 

@@ -42,8 +42,9 @@ def rl_step(
     cfg: RunConfig,
     step: int,
     ref: torch.nn.Module | None = None,
-) -> dict:
-    """One rollout and its minibatch updates; returns the metrics row (without wall_s)."""
+) -> tuple[dict, dict | None]:
+    """One rollout and its minibatch updates; returns the metrics row (without wall_s) and, at token level,
+    the step's ratio_bins.jsonl row (:class:`RatioBins`)."""
     ro, tr = cfg.rollout, cfg.train
     P, G = ro.prompts_per_step, ro.samples_per_prompt
     g_roll = generator(cfg.seed, step, "rollout")
@@ -65,6 +66,7 @@ def rl_step(
     model.train()
     g_shuffle, g_loss = generator(cfg.seed, step, "shuffle"), generator(cfg.seed, step, "loss")
     n = len(ids)
+    bins = RatioBins(cfg.loss) if cfg.loss.level == "token" else None
     acc: dict[str, float] = {}
     ratio_min, ratio_max = float("inf"), float("-inf")
     for _ in range(tr.epochs):
@@ -72,6 +74,8 @@ def rl_step(
             m = mask[mb]
             logp, mb_ent = logprobs(model, prompts[mb], comps[mb], ro.temperature, with_entropy=tr.entropy_coef > 0)
             loss_tok, met = nsr.policy_loss(logp, old_logp[mb], adv[mb], m, cfg.loss, generator=g_loss)
+            if bins is not None:
+                bins.add(loss_tok, logp, old_logp[mb], adv[mb], m)
             pg_loss = nsr.aggregate(loss_tok, m, tr.agg_mode)
             loss = pg_loss
             if tr.entropy_coef > 0:
@@ -110,7 +114,50 @@ def rl_step(
         "mixed_group_frac": (grouped.max(1).values != grouped.min(1).values).float().mean().item(),
         "distinct_frac": distinct,
     }
-    return row
+    return row, None if bins is None else bins.row(step)
+
+
+class RatioBins:
+    """Per-step counts of clipped tokens by depth into NSR's rescue zone, and what the rule did with them.
+
+    Depth (nsr.theory.rescue_depth) is 0 at the clip boundary and 1 at the far edge of the rescue zone of
+    ``loss.delta``; N_BINS equal bins over [0, 1) plus one for deeper violations, per advantage sign. For each bin:
+    ``clipped`` tokens, ``rescued`` ones (clipped tokens that still get a gradient) and ``weight`` (the sum of
+    their gradient relative to the unclipped one, d loss / d log pi / (-A r)), measured from the loss's own
+    gradient, so the analysis compares the observed rescue rate and weight with nsr.expected_weight.
+    """
+
+    N_BINS = 10
+
+    def __init__(self, cfg: nsr.LossConfig):
+        self.cfg = cfg
+        shape = (2, 3, self.N_BINS + 1)  # side (pos, neg) x (clipped, rescued, weight) x bin
+        self.acc = torch.zeros(shape, dtype=torch.float64)
+
+    def add(self, loss_tok, logp, old_logp, adv, mask) -> None:
+        (grad,) = torch.autograd.grad(loss_tok.sum(), logp, retain_graph=True)  # d loss_t / d log pi_t, exact
+        with torch.no_grad():
+            adv = adv.reshape(len(adv), -1).expand_as(logp)  # one advantage per response, over its tokens
+            r = torch.exp((logp.detach() - old_logp).clamp(-20, 20))
+            clipped = mask & (((adv > 0) & (r > self.cfg.high)) | ((adv < 0) & (r < self.cfg.low)))
+            depth = nsr.theory.rescue_depth(r, adv, self.cfg)
+            b = (depth * self.N_BINS).floor().clamp(0, self.N_BINS).long()
+            weight = (grad / (-adv * r)).double()
+            for side, sel in enumerate((clipped & (adv > 0), clipped & (adv < 0))):
+                kept = sel & (grad != 0)
+                for j, (which, w) in enumerate(((sel, None), (kept, None), (kept, weight))):
+                    vals = None if w is None else w[which]
+                    self.acc[side, j] += torch.bincount(b[which], weights=vals, minlength=self.N_BINS + 1)
+
+    def row(self, step: int) -> dict:
+        out = {"step": step, "delta": self.cfg.delta, "executor": self.cfg.executor}
+        for side, name in enumerate(("pos", "neg")):
+            for j, what in enumerate(("clipped", "rescued", "weight")):
+                vals = self.acc[side, j]
+                out[f"{name}_{what}"] = (
+                    [round(v, 6) for v in vals.tolist()] if what == "weight" else [int(v) for v in vals.tolist()]
+                )
+        return out
 
 
 def _add(acc: dict, key: str, value: float) -> None:
@@ -164,9 +211,11 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
     )
     for step in range(start + 1, tr.steps + 1):
         t0 = time.perf_counter()
-        row = rl_step(model, opt, task, cfg, step, ref)
+        row, bins = rl_step(model, opt, task, cfg, step, ref)
         row["wall_s"] = time.perf_counter() - t0
         rd.append("metrics.jsonl", [row])
+        if bins is not None:
+            rd.append("ratio_bins.jsonl", [bins])
         post = {
             "reward": f"{row['reward_mean']:.2f}",
             "ent": f"{row['entropy']:.2f}",
