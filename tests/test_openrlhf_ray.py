@@ -30,11 +30,6 @@ ray = pytest.importorskip("ray", reason="ray==2.55.0 (requirements-cpu.txt) is n
 @pytest.fixture(scope="module")
 def orl():
     """OpenRLHF's trainer modules (imported with the stubs) and the launcher, installed once."""
-    # nsr.openrlhf.reference leaves an empty `deepspeed` placeholder when it loaded the loss by path; the real
-    # import chain needs the stand-in package instead
-    placeholder = sys.modules.get("deepspeed")
-    if placeholder is not None and placeholder.__spec__ is None:
-        del sys.modules["deepspeed"]
     sys.path.insert(0, str(STUBS))
     from openrlhf.trainer import ppo_trainer
     from openrlhf.trainer.ray import ppo_actor
@@ -45,8 +40,6 @@ def orl():
     sys.path.remove(str(STUBS))  # later test modules must not find the stand-ins
     for name in [m for m in sys.modules if m.split(".")[0] in ("flash_attn", "vllm", "deepspeed", "_stub")]:
         del sys.modules[name]
-    if placeholder is not None:
-        sys.modules["deepspeed"] = placeholder
 
 
 @pytest.fixture(scope="module")

@@ -56,11 +56,16 @@ def load_loss_module(prefer_real: bool = False) -> types.ModuleType:
     pkg = types.ModuleType(_PKG)
     pkg.__path__ = [str(models)]
     sys.modules[_PKG] = pkg
-    if importlib.util.find_spec("deepspeed") is None:
-        sys.modules["deepspeed"] = types.ModuleType("deepspeed")  # unused by the loss functions
-    for name in ("utils", "loss"):
-        spec = importlib.util.spec_from_file_location(f"{_PKG}.{name}", models / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+    placeholder = "deepspeed" not in sys.modules and importlib.util.find_spec("deepspeed") is None
+    if placeholder:  # utils.py imports it at the top; the loss functions never use it
+        sys.modules["deepspeed"] = types.ModuleType("deepspeed")
+    try:
+        for name in ("utils", "loss"):
+            spec = importlib.util.spec_from_file_location(f"{_PKG}.{name}", models / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+    finally:
+        if placeholder:  # leave no fake package behind for later imports (transformers probes for deepspeed)
+            del sys.modules["deepspeed"]
     return sys.modules[f"{_PKG}.loss"]
