@@ -278,11 +278,25 @@ def monte_carlo_weight(ratios, sign: int, cfg: nsr.LossConfig, n: int = 4000, se
     return (logp.grad.mean(1) / (-sign * r)).numpy()
 
 
-def theory(path: Path, deltas=(0.1, 0.2, 0.3, 0.5), mc_deltas=(0.2, 0.5), formats=("png",)) -> list[Path]:
-    """Expected weight w(r) vs ratio, A > 0 and A < 0 panels (method.md, "Expected behaviour")."""
+def theory(
+    path: Path,
+    deltas=(0.1, 0.2, 0.3, 0.5),
+    mc_deltas=(0.2, 0.5),
+    formats=("png",),
+    bins: pd.DataFrame | None = None,
+) -> list[Path]:
+    """Expected weight w(r) vs ratio, A > 0 and A < 0 panels (method.md, "Expected behaviour").
+
+    ``bins`` (RunSet.ratio_bins() of nsr runs) adds a second row: the mean gradient weight of clipped tokens
+    logged during training, by depth into the rescue zone, against nsr.expected_weight at the bin centres.
+    """
     base = nsr.LossConfig(rule="nsr")
     c, b = base.high, base.low
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    empirical = bins is not None and len(bins) > 0
+    fig, axes = plt.subplots(2 if empirical else 1, 2, figsize=(10, 7.4 if empirical else 3.8), squeeze=False)
+    if empirical:
+        _empirical_weights(axes[1], bins)
+    axes = axes[0]
     cmap = plt.get_cmap("plasma")
     cols = {d: cmap(0.1 + 0.75 * i / max(1, len(deltas) - 1)) for i, d in enumerate(deltas)}
     top = c / (1 - max(deltas)) * 1.05  # past the widest rescue zone
@@ -320,10 +334,44 @@ def theory(path: Path, deltas=(0.1, 0.2, 0.3, 0.5), mc_deltas=(0.2, 0.5), format
         ax.set_ylim(-0.03, 1.05)
         ax.grid(alpha=0.3)
     handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
+    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.7 if empirical else 0.5), fontsize=7,
+               frameon=False)  # fmt: skip
     fig.suptitle(
         "NSR in expectation: a boundary-local soft clip (lines: nsr.expected_weight; points: nsr.policy_loss)",
         fontsize=10,
     )
     fig.tight_layout()
     return save(fig, path, formats, tight=True)
+
+
+def _empirical_weights(axes, bins: pd.DataFrame) -> None:
+    """Row 2 of the theory figure: logged mean gradient weight of clipped tokens by depth into the rescue zone."""
+    groups = bins.groupby(["delta", "executor", "side", "bin"], as_index=False)[["clipped", "rescued", "weight"]].sum()
+    keys = sorted({(d, e) for d, e in zip(groups["delta"], groups["executor"])})
+    cmap = plt.get_cmap("viridis")
+    depth_line = np.linspace(1e-6, 1.0, 200)  # depth 0 is r on the boundary itself, which is not clipped
+    for sign, side, ax in ((1, "pos", axes[0]), (-1, "neg", axes[1])):
+        for i, (d, ex) in enumerate(keys):
+            g = groups[(groups["delta"] == d) & (groups["executor"] == ex) & (groups["side"] == side)]
+            g = g.sort_values("bin")
+            if not len(g) or g["clipped"].sum() == 0:
+                continue
+            n = int(g["bin"].max())  # the last bin holds the deeper violations
+            col = cmap(0.1 + 0.8 * i / max(1, len(keys) - 1))
+            cfg = nsr.LossConfig(rule="nsr", delta=float(d), executor=ex)
+            r_line = nsr.theory.depth_to_ratio(depth_line, sign, cfg)
+            w_line = nsr.expected_weight(torch.as_tensor(r_line), sign, cfg).numpy()
+            ax.plot(depth_line, w_line, color=col, lw=1.0)
+            x = np.where(g["bin"] < n, (g["bin"] + 0.5) / n, 1.1)
+            w = g["weight"] / g["clipped"].clip(lower=1)
+            ax.plot(x, w, ls="none", marker="o", ms=4, color=col,
+                    label=f"delta={d:g} {ex}: {int(g['clipped'].sum()):,} clipped tokens")  # fmt: skip
+        ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0, 1.1], ["0", "0.25", "0.5", "0.75", "1", "deeper"])
+        ax.set_title(f"CPU runs, A {'> 0' if sign > 0 else '< 0'}: logged weight (points) vs theory (lines)",
+                     fontsize=9)  # fmt: skip
+        ax.set_xlabel("depth into the rescue zone (0 = clip boundary, 1 = r at its far edge)")
+        ax.set_ylabel("mean gradient weight of clipped tokens")
+        ax.set_ylim(-0.03, 0.75)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="upper right", frameon=False)

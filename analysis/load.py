@@ -7,6 +7,7 @@
     rs.steps     # one row per (run, step) of metrics.jsonl (or OpenRLHF TensorBoard events): reward_mean, ...
     rs.eval_samples()   # one row per eval sample: run, step, benchmark, problem_id, decoding, sample, correct
     rs.eval_counts()    # per (run, step, benchmark, decoding, problem_id): n samples, c correct (what pass@k needs)
+    rs.ratio_bins()     # per (run, side, bin): clipped / rescued tokens by depth into the rescue zone (tiny runs)
     rs.issues    # what was wrong: failed / running / cancelled runs, missing files, truncated or corrupt lines
 
 Nothing here crashes on a bad folder: a missing config, a failed run, a truncated last line (a crash mid-write)
@@ -38,6 +39,7 @@ YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 DONE_ONLY = ("done",)
 EVAL_COLUMNS = ("step", "benchmark", "problem_id", "decoding", "sample", "correct")
 COUNT_KEYS = ["run", "step", "benchmark", "decoding", "problem_id"]
+BIN_FIELDS = ("clipped", "rescued", "weight")
 
 
 class RunWarning(UserWarning):
@@ -102,6 +104,35 @@ class RunSet:
             cols = {c: pd.Series(dtype=object) for c in COUNT_KEYS} | {"n": pd.Series(dtype="int64")}
             self._counts = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(cols | {"c": cols["n"]})
         return self._counts
+
+    def ratio_bins(self) -> pd.DataFrame:
+        """Clipped tokens by depth into the rescue zone, summed over the steps of each included run that logged
+        ratio_bins.jsonl (tiny backend, token level): run, delta, executor, side (pos | neg), bin (0..n-1 over
+        depth [0, 1), n = deeper), clipped, rescued, weight (summed gradient weight of the rescued tokens)."""
+        frames = []
+        for rec in self.included.itertuples():
+            path = Path(rec.path) / "ratio_bins.jsonl"
+            if not path.exists():
+                continue
+            rows, bad = read_rows(path)
+            sweep, run_id = rec.run.split("/", 1)
+            for kind, msg in bad:
+                self._issue(Issue(sweep, run_id, kind, f"ratio_bins.jsonl: {msg}"))
+            if not rows:
+                continue
+            for side in ("pos", "neg"):
+                sums = {w: [sum(col) for col in zip(*(r[f"{side}_{w}"] for r in rows))] for w in BIN_FIELDS}
+                frames.append(
+                    pd.DataFrame(
+                        {"run": rec.run, "delta": rows[0]["delta"], "executor": rows[0]["executor"], "side": side}
+                        | {"bin": range(len(sums["clipped"]))}
+                        | sums
+                    )
+                )
+        if not frames:
+            cols = ("run", "delta", "executor", "side", "bin", *BIN_FIELDS)
+            return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+        return pd.concat(frames, ignore_index=True)
 
     def _read_eval(self, run: str, path: Path, reader=None) -> pd.DataFrame | None:
         sweep, run_id = run.split("/", 1)

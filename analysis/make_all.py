@@ -166,7 +166,11 @@ def make_all(
     files += [write_text(tab_dir / "main.md", main["md"]), write_text(tab_dir / "main.tex", main["tex"])]
     files += figures.delta_sweep(rs, summary, fig_dir / "delta_sweep", formats=formats)
     files += figures.judge_executor(rs, summary, curves, fig_dir / "judge_executor", formats=formats)
-    files += figures.theory(fig_dir / "theory_expected_weight", formats=formats)
+    inc = rs.included
+    nsr_runs = set(inc.loc[inc["loss.rule"] == "nsr", "run"]) if "loss.rule" in inc.columns else set()
+    bins = rs.ratio_bins()
+    bins = bins[bins["run"].isin(nsr_runs)]
+    files += figures.theory(fig_dir / "theory_expected_weight", formats=formats, bins=bins)
 
     claim_list, min_pairs = claims_mod.load_claims()
     results = claims_mod.evaluate(summary, claim_list, min_pairs)

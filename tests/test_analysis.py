@@ -344,3 +344,32 @@ def test_runs_of_two_presets_are_kept_apart(tmp_path):
         (dst / "config.yaml").write_text(cfg.replace(f"run_id: {src.name}", f"run_id: {dst.name}"))
     rs = load_runs(tmp_path)
     assert sorted(rs.runs["label"]) == ["nsr preset=tiny", "nsr preset=tiny-smoke"]
+
+
+def test_ratio_bins_are_summed_per_run_and_drawn_against_the_theory(tmp_path):
+    """ratio_bins.jsonl (tiny backend) -> RunSet.ratio_bins() sums over steps; the theory figure gains the
+    empirical row, whose points sit where the logged weight / clipped counts put them."""
+    root = tmp_path / "runs"
+    shutil.copytree(FIXTURE / "rescue_vs_decay", root / "rescue_vs_decay")
+    run_dir = next((root / "rescue_vs_decay").iterdir())
+    n = 4  # 3 bins over depth [0, 1) + the deeper one
+    rows = [
+        {"step": s, "delta": 0.2, "executor": "noisy", "pos_clipped": [4, 2, 2, 9], "pos_rescued": [2, 1, 0, 0],
+         "pos_weight": [0.9, 0.3, 0.0, 0.0], "neg_clipped": [1, 1, 1, 1], "neg_rescued": [1, 0, 0, 0],
+         "neg_weight": [0.5, 0.0, 0.0, 0.0]}
+        for s in (1, 2)
+    ]  # fmt: skip
+    (run_dir / "ratio_bins.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunWarning)
+        rs = load_runs(root)
+    bins = rs.ratio_bins()
+    pos = bins[bins["side"] == "pos"].sort_values("bin")
+    assert pos["clipped"].tolist() == [8, 4, 4, 18] and pos["rescued"].tolist() == [4, 2, 0, 0]
+    assert pos["weight"].tolist() == pytest.approx([1.8, 0.6, 0.0, 0.0]) and len(bins) == 2 * n
+    from analysis import figures
+
+    files = figures.theory(tmp_path / "theory", bins=bins)
+    assert files and files[0].stat().st_size > 0
+    plain = figures.theory(tmp_path / "theory_plain")
+    assert files[0].stat().st_size > plain[0].stat().st_size  # the second row was drawn
