@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import warnings
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 import yaml
 
-from experiments.rundir import REPO_ROOT
+from experiments.rundir import REPO_ROOT, read_rows
 
 RUNS_ROOT = REPO_ROOT / "results" / "runs"
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -152,53 +151,6 @@ class RunSet:
 
 
 # ---------------------------------------------------------------------------------------------- readers
-def gunzip_partial(data: bytes) -> tuple[bytes, bool]:
-    """Decompress gzip ``data`` (one or more members) as far as it goes: (bytes, whether the stream was complete).
-    A file cut short (a crash while compressing, a partial copy) yields everything before the cut."""
-    out = []
-    while data:
-        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        try:
-            out.append(d.decompress(data))
-        except zlib.error:
-            return b"".join(out), False
-        if not d.eof:
-            return b"".join(out), False
-        data = d.unused_data
-    return b"".join(out), True
-
-
-def read_rows(path: Path) -> tuple[list[dict], list[tuple[str, str]]]:
-    """Rows of a JSON-lines file (plain or .gz), never raising on bad content.
-
-    Returns:
-        (rows, problems); problems are (kind, message): ``truncated`` when the last line (or the gzip stream) is
-        cut short, ``corrupt_lines`` when lines in the middle do not parse (they are skipped).
-    """
-    problems: list[tuple[str, str]] = []
-    raw = path.read_bytes()
-    if path.suffix == ".gz":
-        raw, complete = gunzip_partial(raw)
-        if not complete:
-            problems.append(("truncated", "compressed stream cut short; kept the lines before the cut"))
-    lines = raw.decode("utf-8", errors="replace").split("\n")
-    rows, bad = [], []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            bad.append(i)
-    last = len(lines) - 1 if lines[-1].strip() else len(lines) - 2
-    if bad and bad[-1] == last:
-        problems.append(("truncated", "last line cut short (a crash mid-write); dropped"))
-        bad = bad[:-1]
-    if bad:
-        problems.append(("corrupt_lines", f"{len(bad)} unparsable line(s) skipped (first: line {bad[0] + 1})"))
-    return rows, problems
-
-
 def _arrow_eval(path: Path):
     """The eval file as a pyarrow Table, or None when pyarrow cannot parse it (a truncated or corrupt line, NaN).
 

@@ -24,6 +24,7 @@ import platform
 import socket
 import subprocess
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
@@ -86,21 +87,60 @@ def package_versions() -> dict[str, str]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file (plain or .gz); a truncated last line (a crash mid-write) is dropped."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt") as f:
-        lines = f.read().split("\n")
+    """Rows of a JSON-lines file (plain or .gz); a truncated last line (a crash mid-write) is dropped, a corrupt
+    line before it raises ValueError (a resume must not silently lose rows)."""
+    rows, problems = read_rows(path)
+    corrupt = [msg for kind, msg in problems if kind == "corrupt_lines"]
+    if corrupt:
+        raise ValueError(f"{path}: {corrupt[0]}")
+    return rows
+
+
+def gunzip_partial(data: bytes) -> tuple[bytes, bool]:
+    """Decompress gzip ``data`` (one or more members) as far as it goes: (bytes, whether the stream was complete).
+    A file cut short (a crash while compressing, a partial copy) yields everything before the cut."""
+    out = []
+    while data:
+        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            out.append(d.decompress(data))
+        except zlib.error:
+            return b"".join(out), False
+        if not d.eof:
+            return b"".join(out), False
+        data = d.unused_data
+    return b"".join(out), True
+
+
+def read_rows(path: Path) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Rows of a JSON-lines file (plain or .gz), never raising on bad content.
+
+    Returns:
+        (rows, problems); problems are (kind, message): ``truncated`` when the last line (or the gzip stream) is
+        cut short, ``corrupt_lines`` when lines in the middle do not parse (they are skipped).
+    """
+    problems: list[tuple[str, str]] = []
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        raw, complete = gunzip_partial(raw)
+        if not complete:
+            problems.append(("truncated", "compressed stream cut short; kept the lines before the cut"))
+    lines = raw.decode("utf-8", errors="replace").split("\n")
+    rows, bad = [], []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
-            if i >= len(lines) - 2:  # only the last line may be cut short
-                break
-            raise
-    return rows
+            bad.append(i)
+    last = len(lines) - 1 if lines[-1].strip() else len(lines) - 2
+    if bad and bad[-1] == last:
+        problems.append(("truncated", "last line cut short (a crash mid-write); dropped"))
+        bad = bad[:-1]
+    if bad:
+        problems.append(("corrupt_lines", f"{len(bad)} unparsable line(s) skipped (first: line {bad[0] + 1})"))
+    return rows, problems
 
 
 class RunDir:
