@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 import yaml
 
-from experiments.rundir import REPO_ROOT, read_rows
+from experiments.rundir import REPO_ROOT, RunDir, read_rows
 
 RUNS_ROOT = REPO_ROOT / "results" / "runs"
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -110,7 +110,7 @@ class RunSet:
         depth [0, 1), n = deeper), clipped, rescued, weight (summed gradient weight of the rescued tokens)."""
         frames = []
         for rec in self.included.itertuples():
-            path = Path(rec.path) / "ratio_bins.jsonl"
+            path = RunDir(rec.path).log_path("ratio_bins.jsonl")
             if not path.exists():
                 continue
             rows, bad = read_rows(path)

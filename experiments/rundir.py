@@ -36,6 +36,7 @@ from experiments.config import RunConfig
 
 STATES = ("running", "done", "failed", "cancelled")
 LOG_FILES = ("metrics.jsonl", "eval.jsonl", "ratio_bins.jsonl")
+COMPRESSED = ("eval.jsonl.gz", "ratio_bins.jsonl.gz")
 """Step-indexed JSON-lines logs; ratio_bins.jsonl (optional) holds per-step clipped / rescued counts by ratio bin."""
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _PACKAGES = ("torch", "transformers", "openrlhf", "numpy", "datasets", "submitit", "vllm", "deepspeed", "ray")
@@ -162,10 +163,14 @@ class RunDir:
     def metrics_path(self) -> Path:
         return self.path / "metrics.jsonl"
 
+    def log_path(self, name: str) -> Path:
+        """``name`` (e.g. eval.jsonl), or its .gz once the finished run compressed it."""
+        gz = self.path / f"{name}.gz"
+        return gz if gz.exists() else self.path / name
+
     @property
     def eval_path(self) -> Path:
-        gz = self.path / "eval.jsonl.gz"
-        return gz if gz.exists() else self.path / "eval.jsonl"
+        return self.log_path("eval.jsonl")
 
     @property
     def checkpoint_path(self) -> Path:
@@ -250,23 +255,24 @@ class RunDir:
                 gz.unlink(missing_ok=True)
 
     def reset_logs(self) -> None:
-        for name in (*LOG_FILES, "eval.jsonl.gz"):
+        for name in (*LOG_FILES, *COMPRESSED):
             (self.path / name).unlink(missing_ok=True)
 
     def compress_eval(self) -> None:
-        """eval.jsonl -> eval.jsonl.gz (readers accept both); done once a run is finished."""
-        src = self.path / "eval.jsonl"
-        if src.exists():
-            dst = self.path / "eval.jsonl.gz"
-            tmp = dst.with_name(".eval.jsonl.gz.tmp")
-            with open(src, "rb") as f, gzip.GzipFile(tmp, "wb", mtime=0) as g:
-                g.write(f.read())
-            os.replace(tmp, dst)
-            src.unlink()
+        """eval.jsonl and ratio_bins.jsonl -> .gz (readers accept both); done once a run is finished."""
+        for name in COMPRESSED:
+            src = self.path / name.removesuffix(".gz")
+            if src.exists():
+                dst = self.path / name
+                tmp = dst.with_name(f".{name}.tmp")
+                with open(src, "rb") as f, gzip.GzipFile(tmp, "wb", mtime=0) as g:
+                    g.write(f.read())
+                os.replace(tmp, dst)
+                src.unlink()
 
     def clear(self) -> None:
         """Remove everything this contract writes (``--force``)."""
-        for p in ("config.yaml", "status.json", *LOG_FILES, "eval.jsonl.gz", "checkpoint.pt"):
+        for p in ("config.yaml", "status.json", *LOG_FILES, *COMPRESSED, "checkpoint.pt"):
             (self.path / p).unlink(missing_ok=True)
 
     # ------------------------------------------------------------ lock

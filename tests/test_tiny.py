@@ -130,7 +130,8 @@ def test_nsr_rescues_and_hard_does_not(nsr_run, hard_run):
 def test_ratio_bins_log_what_the_rule_did_with_clipped_tokens(nsr_run, hard_run):
     """ratio_bins.jsonl: one row per step; hard keeps no clipped token, nsr rescues only inside the zone, and the
     logged weights are those of rescued tokens (each between 1 - delta and 1 + delta for the noisy executor)."""
-    bins = {name: read_jsonl(rd.path / "ratio_bins.jsonl") for name, rd in (("hard", hard_run), ("nsr", nsr_run))}
+    runs = (("hard", hard_run), ("nsr", nsr_run))
+    bins = {name: read_jsonl(rd.log_path("ratio_bins.jsonl")) for name, rd in runs}
     assert [r["step"] for r in bins["nsr"]] == [r["step"] for r in _metrics(nsr_run)]
     for side in ("pos", "neg"):
         assert sum(sum(r[f"{side}_rescued"]) for r in bins["hard"]) == 0
@@ -169,7 +170,8 @@ def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
     assert status["state"] == "done" and status["attempts"] == 2
     assert _metrics(rd) == _metrics(nsr_run)
     assert read_jsonl(rd.eval_path) == read_jsonl(nsr_run.eval_path)
-    assert read_jsonl(rd.path / "ratio_bins.jsonl") == read_jsonl(nsr_run.path / "ratio_bins.jsonl")
+    assert read_jsonl(rd.log_path("ratio_bins.jsonl")) == read_jsonl(nsr_run.log_path("ratio_bins.jsonl"))
+    assert rd.log_path("ratio_bins.jsonl").suffix == ".gz"  # compressed when the run finished
     assert not rd.checkpoint_path.exists()
 
 
