@@ -147,7 +147,8 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
 
 
 def dry_run(args) -> list[dict]:
-    """The launcher command of each run (all of --sweep, or the one of --run / a config): no Ray, no vLLM."""
+    """The command of each run (all of --sweep, or the one of --run / a config): no Ray, no vLLM. For the openrlhf
+    backend also the part OpenRLHF's parser receives (checked by that parser); null for the tiny backend."""
     from experiments.openrlhf.argv import build_command
 
     if args.sweep and not args.run_id:
@@ -164,6 +165,13 @@ def dry_run(args) -> list[dict]:
     out = []
     for cfg, run_id, sweep in specs:
         run_dir = Path(args.out) if args.out and len(specs) == 1 else default_out(sweep, run_id)
+        if cfg.backend != "openrlhf":  # the tiny backend runs in this process: its command is this module's
+            argv = [sys.executable, "-m", "experiments.run", "--sweep", str(args.sweep), "--run", run_id]
+            if not args.sweep:
+                argv = [sys.executable, "-m", "experiments.run", str(args.config), *args.overrides]
+            argv += [*(["--preset", args.preset] if args.sweep and args.preset else []), "--out", str(run_dir)]
+            out.append({"run_id": run_id, "argv": argv, "openrlhf_argv": None})
+            continue
         cmd = build_command(cfg, run_dir, run_id)
         if parse is not None:
             try:

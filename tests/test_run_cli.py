@@ -88,3 +88,17 @@ def test_sigterm_records_cancelled_and_the_run_resumes(tiny_env, tmp_path, capsy
     assert main([str(SMOKE), "logging.checkpoint_every=4", "eval.every=0", "--out", str(out), "--no-progress"]) == 0
     assert rd.state() == "done" and rd.status()["attempts"] == 2
     assert [r["step"] for r in read_jsonl(rd.metrics_path)] == list(range(1, 31))
+
+
+def test_dry_run_of_a_tiny_sweep_prints_the_command_that_reruns_each_run(capsys, tmp_path):
+    """--dry-run on the tiny backend: one JSON line per run whose argv reruns exactly that grid point."""
+    assert main(["--sweep", "rescue_vs_decay", "--preset", "tiny-smoke", "--dry-run"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    from sweeps import expand
+
+    specs = expand("rescue_vs_decay", preset="tiny-smoke")
+    assert [x["run_id"] for x in lines] == [s.run_id for s in specs]
+    for x in lines:
+        assert x["openrlhf_argv"] is None and x["argv"][1:3] == ["-m", "experiments.run"]
+        assert x["argv"][x["argv"].index("--run") + 1] == x["run_id"]
+    assert not (tmp_path / "x").exists()
