@@ -114,7 +114,7 @@ def test_claims_follow_the_planted_effects(grid):
     assert verdicts["stochastic_beats_decay"] == "supports"
     assert verdicts["rescue_not_pushout"] == "supports"
     assert verdicts["judge_executor"] == "supports"
-    assert verdicts["magnitude"] == "no data" and verdicts["clip_asymmetry"] == "no data"
+    assert verdicts["magnitude"] == "no data" and verdicts["clip_low_random"] == "no data"
 
 
 def test_readme_block_is_rewritten_in_place(grid):
