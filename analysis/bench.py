@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from analysis.synth import benchmark_grid
+from analysis.synth import add_grid_args, benchmark_grid
 from experiments.rundir import REPO_ROOT
 
 
@@ -51,12 +51,7 @@ def time_make_all(folder: Path) -> tuple[float, float]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "nsr-analysis-bench")
-    p.add_argument("--sweeps", type=int, default=5)
-    p.add_argument("--arms", type=int, default=5)
-    p.add_argument("--seeds", type=int, default=4)
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--every", type=int, default=100)
-    p.add_argument("--prompts", type=int, default=512)
+    add_grid_args(p)
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
     params = {"sweeps": a.sweeps, "arms": a.arms, "seeds": a.seeds, "steps": a.steps, "every": a.every}

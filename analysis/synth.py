@@ -187,15 +187,20 @@ def benchmark_grid(
     return n
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.synth", description=__doc__.split("\n\n")[0])
-    p.add_argument("out", type=Path, help="results folder to fill (<out>/<sweep>/<run_id>/)")
+def add_grid_args(p: argparse.ArgumentParser) -> None:
+    """The size of a synthetic grid (defaults: the make_all benchmark, 100 runs x 1,000 steps)."""
     p.add_argument("--sweeps", type=int, default=5)
     p.add_argument("--arms", type=int, default=5)
     p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--prompts", type=int, default=512)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.synth", description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path, help="results folder to fill (<out>/<sweep>/<run_id>/)")
+    add_grid_args(p)
     a = p.parse_args(argv)
     n = benchmark_grid(a.out, a.sweeps, a.arms, a.seeds, a.steps, a.every, a.prompts)
     print(f"wrote {n} synthetic runs under {a.out}")
