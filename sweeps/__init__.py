@@ -380,14 +380,27 @@ def _check_unique(path: Path, runs: list[RunSpec]) -> None:
 
 
 def resolve_run(sweep: str | Path, run_id: str, preset: str | None = None, presets_dir: Path | None = None) -> RunSpec:
-    """The RunSpec of ``run_id`` in a sweep, exactly as :func:`expand` makes it; SweepError if it is not there."""
+    """The RunSpec of ``run_id`` in a sweep, exactly as :func:`expand` makes it; SweepError if it is not there.
+
+    Without ``preset``, the sweep's own preset is tried first, then every preset file (a run id ends in its config
+    hash, so an id from a ``--preset tiny`` grid resolves without naming the preset).
+    """
     runs = expand(sweep, preset=preset, presets_dir=presets_dir)
     for r in runs:
         if r.run_id == run_id:
             return r
+    if preset is None:
+        folder = Path(presets_dir) if presets_dir else PRESETS_DIR
+        for other in sorted(p.stem for p in folder.glob("*.yaml")):
+            try:
+                found = [r for r in expand(sweep, preset=other, presets_dir=presets_dir) if r.run_id == run_id]
+            except SweepError:
+                continue
+            if found:
+                return found[0]
     ids = [r.run_id for r in runs]
     close = difflib.get_close_matches(run_id, ids, n=5, cutoff=0.5)
     more = " ..." if len(ids) > 10 else ""
     hint = f"closest: {', '.join(close)}" if close else f"allowed: {', '.join(ids[:10])}{more}"
-    where = f" with --preset {preset}" if preset else ""
+    where = f" with --preset {preset}" if preset else " under any preset"
     raise SweepError(f"{sweep_path(sweep)}: no run {run_id!r}{where} ({len(ids)} runs); {hint}")

@@ -113,6 +113,17 @@ def test_rerun_one_resolves_the_grid_config():
     assert load_config(spec.preset_path, spec.overrides) == spec.config
 
 
+def test_rerun_finds_the_preset_from_the_run_id():
+    """An id from a `--preset tiny` grid resolves without --preset (the id ends in its config hash)."""
+    spec = expand("delta", preset="tiny")[5]
+    assert spec.run_id not in {r.run_id for r in expand("delta")}
+    assert resolve_run("delta", spec.run_id) == spec
+    args = argparse.Namespace(sweep="delta", run_id=spec.run_id, preset=None, config=None, overrides=[])
+    assert resolve(args)[0] == spec.config and resolve(args)[3]["preset"] == "tiny"
+    with pytest.raises(SweepError, match="no run"):
+        resolve_run("delta", spec.run_id[:-8] + "00000000")
+
+
 def test_resolve_unknown_run_lists_close_ids():
     runs = expand("delta", preset="tiny")
     typo = runs[3].run_id[:-1] + "x"
