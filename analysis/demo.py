@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from math import comb
 from pathlib import Path
 
+import pandas as pd
 from tqdm import tqdm
 
 from experiments.config import RunConfig, load_config
@@ -43,14 +43,14 @@ def _configs() -> dict[str, RunConfig]:
     return {arm: load_config(PRESET, [*COMMON, *overrides]) for arm, overrides in ARMS.items()}
 
 
+def _folders(cfgs: dict[str, RunConfig], runs_root: Path) -> dict[str, Path]:
+    return {arm: runs_root / f"{arm}-{cfg.run_hash()}" for arm, cfg in cfgs.items()}
+
+
 def _run_one(cfg: RunConfig, folder: Path, arm: str, progress: bool) -> None:
     from experiments.run import run
 
     run(cfg, folder, run_id=folder.name, meta={"sweep": "demo", "arm": arm, "seed": cfg.seed}, progress=progress)
-
-
-def _one_thread() -> None:
-    os.environ.setdefault("NSR_THREADS", "1")
 
 
 def run_arms(runs_root: Path = RUNS, jobs: int = 2, progress: bool = True) -> dict[str, Path]:
@@ -61,7 +61,7 @@ def run_arms(runs_root: Path = RUNS, jobs: int = 2, progress: bool = True) -> di
     the cores (README, "CPU testbed"). The shared warm start is built first, here.
     """
     cfgs = _configs()
-    folders = {arm: runs_root / f"{arm}-{cfg.run_hash()}" for arm, cfg in cfgs.items()}
+    folders = _folders(cfgs, runs_root)
     todo = [arm for arm in cfgs if RunDir(folders[arm]).state() != "done"]
     if not todo:
         return folders
@@ -72,7 +72,7 @@ def run_arms(runs_root: Path = RUNS, jobs: int = 2, progress: bool = True) -> di
             _run_one(cfgs[arm], folders[arm], arm, progress)
         return folders
     ctx = multiprocessing.get_context("spawn")  # no fork after torch has started its thread pool
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx, initializer=_one_thread) as pool:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
         futures = [pool.submit(_run_one, cfgs[arm], folders[arm], arm, False) for arm in todo]
         total = sum(cfgs[arm].train.steps for arm in todo)
         with tqdm(total=total, desc=f"demo: {', '.join(todo)} in parallel", disable=not progress) as bar:
@@ -93,16 +93,15 @@ def _rows(path: Path) -> int:
         return 0
 
 
-def _rolling(values: list[float], window: int = 10) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v - (values[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
+def _rolling(values: list[float], window: int = 10) -> pd.Series:
+    return pd.Series(values).rolling(window, min_periods=1).mean()
 
 
 def _eval_curves(rows: list[dict], k: int = 8) -> tuple[list[int], list[float], list[float], int]:
-    """(steps, sampled accuracy, pass@k, k) from raw eval rows; pass@k by the unbiased estimator, k <= samples."""
+    """(steps, sampled accuracy, pass@k, k) from raw eval rows; pass@k by the unbiased estimator, k <= samples.
+
+    Exact binomials (math.comb) on the few demo problems, so small cases give exact fractions.
+    """
     by_step: dict[int, dict[int, list[int]]] = {}
     for r in rows:
         if r["decoding"] == "sampled":
@@ -175,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="arms run at once, one thread each (1: in turn)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    folders = {arm: args.runs / f"{arm}-{cfg.run_hash()}" for arm, cfg in _configs().items()}
-    if not args.plot_only:
-        run_arms(args.runs, jobs=args.jobs, progress=not args.no_progress)
+    if args.plot_only:
+        folders = _folders(_configs(), args.runs)
+    else:
+        folders = run_arms(args.runs, jobs=args.jobs, progress=not args.no_progress)
     for folder in folders.values():
         if RunDir(folder).state() != "done":
             print(f"error: {folder} is not a finished run; run `python -m analysis.demo` first", file=sys.stderr)

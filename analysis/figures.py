@@ -160,13 +160,12 @@ def _curves_figure(rs, summary, curves, sweep, panels, style, title) -> plt.Figu
     return fig
 
 
-def dynamics_figure(rs, summary, curves, sweep: str, panels=PANELS) -> plt.Figure | None:
-    """The training-dynamics figure of one sweep (None without runs); ``curves`` = summary.eval_curves(...);
-    ``panels``: (metric, axis label) pairs, a metrics.jsonl field or an eval_curves column (default PANELS)."""
+def dynamics_figure(rs, summary, curves, sweep: str) -> plt.Figure | None:
+    """The training-dynamics figure of one sweep (None without runs); ``curves`` = summary.eval_curves(...)."""
     s = summary[summary["sweep"] == sweep]
     cols = colours(label_order(s))
     title = f"{sweep}: mean over seeds, band = 95% bootstrap CI"
-    return _curves_figure(rs, summary, curves, sweep, panels, lambda lab: (cols[lab], "-"), title)
+    return _curves_figure(rs, summary, curves, sweep, PANELS, lambda lab: (cols[lab], "-"), title)
 
 
 def dynamics(rs, summary, curves, sweep: str, path: Path, formats=("png",)) -> list[Path]:

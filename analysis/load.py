@@ -104,12 +104,14 @@ class RunSet:
             self._counts = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(cols | {"c": cols["n"]})
         return self._counts
 
-    def ratio_bins(self) -> pd.DataFrame:
+    def ratio_bins(self, runs=None) -> pd.DataFrame:
         """Clipped tokens by depth into the rescue zone, summed over the steps of each included run that logged
         ratio_bins.jsonl (tiny backend, token level): run, delta, executor, side (pos | neg), bin (0..n-1 over
-        depth [0, 1), n = deeper), clipped, rescued, weight (summed gradient weight of the rescued tokens)."""
+        depth [0, 1), n = deeper), clipped, rescued, weight (summed gradient weight of the rescued tokens).
+        ``runs``: only these runs (``sweep/run_id``), so the others' files are not read."""
         frames = []
-        for rec in self.included.itertuples():
+        inc = self.included if runs is None else self.included[self.included["run"].isin(runs)]
+        for rec in inc.itertuples():
             path = RunDir(rec.path).log_path("ratio_bins.jsonl")
             if not path.exists():
                 continue
@@ -371,8 +373,9 @@ def load_runs(
         }
 
         steps = pd.DataFrame()
-        if (path / "metrics.jsonl").exists():
-            rows, probs = read_rows(path / "metrics.jsonl")
+        rd = RunDir(path)
+        if rd.metrics_path.exists():
+            rows, probs = read_rows(rd.metrics_path)
             for kind, msg in probs:
                 issue(sweep, run_id, kind, f"metrics.jsonl: {msg}")
             steps = _steps_frame(rows)
@@ -392,7 +395,7 @@ def load_runs(
             steps = steps.sort_values("step", kind="stable")
         rec["n_steps"] = len(steps)
         rec["last_step"] = int(steps["step"].max()) if len(steps) else -1
-        eval_path = next((path / f for f in ("eval.jsonl.gz", "eval.jsonl") if (path / f).exists()), None)
+        eval_path = rd.eval_path if rd.eval_path.exists() else None
         rec["has_eval"] = eval_path is not None
         if included and eval_path is None and state == "done":
             issue(sweep, run_id, "no_eval", "no eval.jsonl(.gz): pass@k columns are empty for this run")

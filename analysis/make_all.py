@@ -149,6 +149,9 @@ def make_all(
         rs = load_runs(runs)
         summary = summarize(rs)
         curves = eval_curves(rs.eval_counts())
+        inc = rs.included
+        nsr_runs = set(inc.loc[inc["loss.rule"] == "nsr", "run"]) if "loss.rule" in inc.columns else set()
+        bins = rs.ratio_bins(nsr_runs)  # read here, so problems in these files reach status.md too
     expected, notes = expected_runs(rs, sweeps_dir, presets_dir)
     report = status_report(rs, expected)
     say(f"runs under {runs}: {int(rs.runs['included'].sum()) if len(rs.runs) else 0} done of {len(rs.runs)} folders")
@@ -166,10 +169,6 @@ def make_all(
     files += [write_text(tab_dir / "main.md", main["md"]), write_text(tab_dir / "main.tex", main["tex"])]
     files += figures.delta_sweep(rs, summary, fig_dir / "delta_sweep", formats=formats)
     files += figures.judge_executor(rs, summary, curves, fig_dir / "judge_executor", formats=formats)
-    inc = rs.included
-    nsr_runs = set(inc.loc[inc["loss.rule"] == "nsr", "run"]) if "loss.rule" in inc.columns else set()
-    bins = rs.ratio_bins()
-    bins = bins[bins["run"].isin(nsr_runs)]
     files += figures.theory(fig_dir / "theory_expected_weight", formats=formats, bins=bins)
 
     claim_list, min_pairs = claims_mod.load_claims()

@@ -77,12 +77,12 @@ def resample_weights(n: int, n_boot: int, seed: int = 0) -> np.ndarray:
     return w
 
 
-def _finite(values) -> tuple[np.ndarray, int, float, bool]:
-    """The finite values, their count and mean (NaN when none), and whether they are too few for an interval."""
+def _finite(values) -> tuple[np.ndarray, int, float]:
+    """The finite values, their count and mean (NaN when none)."""
     x = np.asarray(values, dtype=np.float64)
     x = x[np.isfinite(x)]
     n = len(x)
-    return x, n, (float(x.mean()) if n else float("nan")), n < 2
+    return x, n, (float(x.mean()) if n else float("nan"))
 
 
 def bootstrap_ci(
@@ -96,8 +96,8 @@ def bootstrap_ci(
     Returns:
         (mean, lo, hi, n); lo = hi = NaN when fewer than 2 values (no interval from one seed).
     """
-    x, n, mean, too_few = _finite(values)
-    if too_few:
+    x, n, mean = _finite(values)
+    if n < 2:  # no interval from fewer than 2 values
         return mean, float("nan"), float("nan"), n
     means = resample_weights(n, n_boot, seed) @ x
     alpha = (1 - level) / 2
@@ -166,8 +166,8 @@ def t_interval(values, level: float = LEVEL) -> tuple[float, float, float, int]:
     At 3-5 seeds this is the honest interval: a percentile bootstrap never leaves the range of the data, so with
     3 seeds it excludes 0 whenever all three values share a sign (1 chance in 4 when there is no effect).
     """
-    x, n, mean, too_few = _finite(values)
-    if too_few:
+    x, n, mean = _finite(values)
+    if n < 2:  # no interval from fewer than 2 values
         return mean, float("nan"), float("nan"), n
     half = t_quantile(level, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
     return mean, mean - half, mean + half, n

@@ -149,12 +149,20 @@ class _Surrogates(NamedTuple):
     """(B, T) -min(surr1, surr2): the PPO/DAPO min-form."""
 
 
+def _times_adv(t: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
+    """``t * adv``, in place when ``t`` has adv's (B, T) shape (a fresh temporary), else broadcast (GSPO's (B, 1))."""
+    return t.mul_(adv) if t.shape == adv.shape else t * adv
+
+
+def _surr12(x: RuleInput, ratio: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r A, clip(r, lo, hi) A) with r = ``ratio`` (default: the clean ratio)."""
+    r = x.ratio if ratio is None else ratio
+    return r * x.adv, _times_adv(r.clamp(x.cfg.low, x.cfg.high), x.adv)
+
+
 def _surrogates(x: RuleInput, ratio: torch.Tensor | None = None) -> _Surrogates:
     """PPO/DAPO min-form with judge = executor = ``ratio`` (default: the clean ratio)."""
-    r = x.ratio if ratio is None else ratio
-    surr1 = r * x.adv
-    c = r.clamp(x.cfg.low, x.cfg.high)
-    surr2 = c.mul_(x.adv) if c.shape == x.adv.shape else c * x.adv
+    surr1, surr2 = _surr12(x, ratio)
     return _Surrogates(surr1, surr2, torch.minimum(surr1, surr2).neg_())
 
 
@@ -174,13 +182,14 @@ def _dense_hard(x: RuleInput, ratio: torch.Tensor | None = None):
 
 
 def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
-    """Flat (row-major) int64 indices of the True entries of a bool tensor.
+    """Flat (row-major) int64 indices of the nonzero entries of a bool or float 0/1 mask (on CPU, float -> bool is
+    cheaper than making the mask with a bool comparison).
 
     On CPU this asks numpy, whose ``nonzero`` of a bool array is faster than torch's: inside the benchmark's
     loop (262k entries, 2.6 % True, one thread) about 125 us against 200 us; on a repeated call, where the branch
     predictor learns the mask, 30 us against 190 us (torch 2.13, numpy 2.4). The views share memory.
     """
-    flat = mask.reshape(-1)
+    flat = mask.to(torch.bool).reshape(-1)
     if _np is None or flat.device.type != "cpu":
         return flat.nonzero().squeeze(1)
     return torch.from_numpy(_np.flatnonzero(flat.numpy())).long()
@@ -205,10 +214,9 @@ def _sparse_hard(x: RuleInput):
     value -r A everywhere: the caller must set both on every clipped token (``clipped``, a :class:`_Clipped`);
     ``drop`` is the float clipped mask."""
     cfg = x.cfg
-    surr1 = x.ratio * x.adv
-    c = x.ratio.clamp(cfg.low, cfg.high)
-    drop = (c.mul_(x.adv) if c.shape == x.adv.shape else c * x.adv).lt_(surr1)  # _drop_mask: surr2 < surr1
-    idx = _flat_nonzero(drop.to(torch.bool))  # float -> bool is cheaper than a comparison on CPU
+    surr1, surr2 = _surr12(x)
+    drop = surr2.lt_(surr1)
+    idx = _flat_nonzero(drop)
     coef = surr1.neg_()
     adv, r = x.adv.take(idx), x.at(x.ratio, idx)
     hard_value = r.clamp(cfg.low, cfg.high).mul_(adv).neg_()  # -clip(r) A, as -min(r A, clip(r) A) there
@@ -266,12 +274,11 @@ def _pushout(x: RuleInput, coef: torch.Tensor, drop: torch.Tensor) -> Subset:
     reach_lo, reach_hi = cfg.low / (1 - d), cfg.high / (1 + d)
     if reach_lo < reach_hi:
         # within reach iff clip(r, reach_lo, reach_hi) A < r A, i.e. (where coef = -r A exactly) gap < 0
-        reach = x.ratio.clamp(reach_lo, reach_hi)
-        reach = reach.mul_(x.adv) if reach.shape == x.adv.shape else reach * x.adv
+        reach = _times_adv(x.ratio.clamp(reach_lo, reach_hi), x.adv)
         reach = reach.add_(coef).lt_(0.0)  # float 1.0 / 0.0; a NaN ratio is out of reach
     else:  # delta so large that every token with A != 0 is within reach
         reach = torch.ne(x.adv, 0.0, out=torch.empty_like(x.adv))
-    idx = _flat_nonzero(reach.gt_(drop).to(torch.bool))  # within reach and kept (1 > 0)
+    idx = _flat_nonzero(reach.gt_(drop))  # within reach and kept (1 > 0)
     adv = x.adv.take(idx)
     pos = adv.sign().clamp_(min=0.0)
     if idx.numel() == 0:
@@ -350,7 +357,7 @@ def clean_decision(x: RuleInput) -> RuleOutput:
     s = _surrogates(x)
     drop = _drop_mask(s)
     value = x.uniform(x.cfg.ratio_noise).mul_(x.ratio)  # r xi
-    value = (value.mul_(x.adv) if value.shape == x.adv.shape else value * x.adv).neg_()
+    value = _times_adv(value, x.adv).neg_()
     loss = torch.lerp(value, s.loss, drop)  # hard-clip value where dropped, -A r xi where kept
     coef = value.mul_(1.0 - drop)  # -A r xi where kept, 0 where dropped (exact: times 1 or 0)
     return RuleOutput(loss, coef, drop)
@@ -362,12 +369,10 @@ def cispo(x: RuleInput) -> RuleOutput:
 
     The value uses log r instead of log pi: the two differ by a constant, so the gradient is MiniMax's.
     """
-    cfg = x.cfg
-    w = x.ratio.clamp(cfg.low, cfg.high)
-    w = w.mul_(x.adv) if w.shape == x.adv.shape else w * x.adv  # the clipped IS weight times A
+    surr1, w = _surr12(x)
     loss = (w * x.log_ratio).neg_()
     coef = w.neg()
-    drop = w.lt_(x.ratio * x.adv)  # out of region on the advantage's side, for the clip metrics only
+    drop = w.lt_(surr1)  # out of region on the advantage's side, for the clip metrics only
     return RuleOutput(loss, coef, drop)
 
 

@@ -48,7 +48,8 @@ def _side_terms(r: torch.Tensor, pos: torch.Tensor, cfg: LossConfig, h: float, p
     every unit is outside on its side, so clip(r) is its bound and one t = bound / r serves both sides."""
     hi, lo = cfg.high, cfg.low
     if h == 0:
-        return [torch.lerp((r >= lo).to(r.dtype), (r <= hi).to(r.dtype), pos) for _ in powers]
+        inside = torch.lerp((r >= lo).to(r.dtype), (r <= hi).to(r.dtype), pos)  # z = 1: P = E[z^p ...] = inside
+        return [inside for _ in powers]
     a, b = 1.0 - h, 1.0 + h
     if clipped:  # (1 / r) * bound, as torch computes hi / r for a Python number hi: the same bits
         t_pos = t_neg = r.reciprocal().mul_(r.clamp(lo, hi)).clamp_(a, b)

@@ -390,8 +390,10 @@ def resolve_run(sweep: str | Path, run_id: str, preset: str | None = None, prese
         if r.run_id == run_id:
             return r
     if preset is None:
-        folder = Path(presets_dir) if presets_dir else PRESETS_DIR
-        for other in sorted(p.stem for p in folder.glob("*.yaml")):
+        tried = {r.meta["preset"] for r in runs}
+        for other in available(Path(presets_dir) if presets_dir else PRESETS_DIR):
+            if other in tried:
+                continue
             try:
                 found = [r for r in expand(sweep, preset=other, presets_dir=presets_dir) if r.run_id == run_id]
             except SweepError:

@@ -156,10 +156,10 @@ PUSH_CASES = [("token", dl) for dl in (0.05, 0.2, 0.3, 0.5)] + [("sequence", dl)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fast_paths_equal_the_plain_reference(level, delta, rule, dtype):
     acted = 0
+    spread = 0.3 if level == "token" else 0.002
     for seed in range(3):
-        spread = 0.3 if level == "token" else 0.002
-        logp, old, adv = (t.detach() for t in bench_loss.make_inputs(64, 64, dtype, spread, seed=seed)[:3])
-        mask = bench_loss.make_inputs(64, 64, dtype, spread, seed=seed)[3]
+        *inputs, mask = bench_loss.make_inputs(64, 64, dtype, spread, seed=seed)
+        logp, old, adv = (t.detach() for t in inputs)
         for executor in ("noisy", "clean"):
             cfg = nsr.LossConfig(rule=rule, level=level, delta=delta, executor=executor)
             lp = logp.clone().requires_grad_()

@@ -90,15 +90,17 @@ def test_sigterm_records_cancelled_and_the_run_resumes(tiny_env, tmp_path, capsy
     assert [r["step"] for r in read_jsonl(rd.metrics_path)] == list(range(1, 31))
 
 
-def test_dry_run_of_a_tiny_sweep_prints_the_command_that_reruns_each_run(capsys, tmp_path):
-    """--dry-run on the tiny backend: one JSON line per run whose argv reruns exactly that grid point."""
-    assert main(["--sweep", "rescue_vs_decay", "--preset", "tiny-smoke", "--dry-run"]) == 0
-    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+def test_dry_run_of_a_tiny_sweep_prints_the_command_that_reruns_each_run(capsys):
+    """--dry-run on the tiny backend: one JSON line per run whose argv reruns exactly that grid point; no folder."""
     from sweeps import expand
 
     specs = expand("rescue_vs_decay", preset="tiny-smoke")
+    folders = [REPO_ROOT / "results" / "runs" / s.sweep / s.run_id for s in specs]
+    before = [f.exists() for f in folders]
+    assert main(["--sweep", "rescue_vs_decay", "--preset", "tiny-smoke", "--dry-run"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [x["run_id"] for x in lines] == [s.run_id for s in specs]
     for x in lines:
         assert x["openrlhf_argv"] is None and x["argv"][1:3] == ["-m", "experiments.run"]
         assert x["argv"][x["argv"].index("--run") + 1] == x["run_id"]
-    assert not (tmp_path / "x").exists()
+    assert [f.exists() for f in folders] == before  # a dry run creates no run folder
