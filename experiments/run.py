@@ -86,17 +86,17 @@ def run(
         rd.set_status("running", run_hash=cfg.run_hash())
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
-            try:
-                BACKENDS[cfg.backend](cfg, rd, progress)
-            except BaseException as e:
-                # A second SIGTERM (SLURM sends several) must not interrupt the final status write.
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                error = f"{type(e).__name__}: {e}"
-                if isinstance(e, (Cancelled, KeyboardInterrupt, SystemExit)):  # SystemExit: submitit's requeue
-                    rd.set_status("cancelled", error=error)
-                else:
-                    rd.set_status("failed", error=error, traceback=traceback.format_exc()[-4000:])
-                raise
+            BACKENDS[cfg.backend](cfg, rd, progress)
+        except BaseException as e:
+            # A second SIGTERM (SLURM sends several) must not interrupt the final status write.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            error = f"{type(e).__name__}: {e}"
+            if isinstance(e, (Cancelled, KeyboardInterrupt, SystemExit)):  # SystemExit: submitit's requeue
+                rd.set_status("cancelled", error=error)
+            else:
+                rd.set_status("failed", error=error, traceback=traceback.format_exc()[-4000:])
+            raise
+        else:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             return rd.set_status("done")
         finally:
@@ -166,10 +166,13 @@ def dry_run(args) -> list[dict]:
     for cfg, run_id, sweep in specs:
         run_dir = Path(args.out) if args.out and len(specs) == 1 else default_out(sweep, run_id)
         if cfg.backend != "openrlhf":  # the tiny backend runs in this process: its command is this module's
-            argv = [sys.executable, "-m", "experiments.run", "--sweep", str(args.sweep), "--run", run_id]
-            if not args.sweep:
-                argv = [sys.executable, "-m", "experiments.run", str(args.config), *args.overrides]
-            argv += [*(["--preset", args.preset] if args.sweep and args.preset else []), "--out", str(run_dir)]
+            argv = [sys.executable, "-m", "experiments.run"]
+            if args.sweep:
+                argv += ["--sweep", str(args.sweep), "--run", run_id]
+                argv += ["--preset", args.preset] if args.preset else []
+            else:
+                argv += [str(args.config), *args.overrides]
+            argv += ["--out", str(run_dir)]
             out.append({"run_id": run_id, "argv": argv, "openrlhf_argv": None})
             continue
         cmd = build_command(cfg, run_dir, run_id)

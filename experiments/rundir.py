@@ -36,8 +36,9 @@ from experiments.config import RunConfig
 
 STATES = ("running", "done", "failed", "cancelled")
 LOG_FILES = ("metrics.jsonl", "eval.jsonl", "ratio_bins.jsonl")
-COMPRESSED = ("eval.jsonl.gz", "ratio_bins.jsonl.gz")
 """Step-indexed JSON-lines logs; ratio_bins.jsonl (optional) holds per-step clipped / rescued counts by ratio bin."""
+COMPRESSED = tuple(f"{name}.gz" for name in LOG_FILES if name != "metrics.jsonl")
+"""What a finished run gzips (metrics.jsonl stays plain: slurm.status and OpenRLHF's logger append to it)."""
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _PACKAGES = ("torch", "transformers", "openrlhf", "numpy", "datasets", "submitit", "vllm", "deepspeed", "ray")
 
@@ -50,17 +51,23 @@ class RunLockedError(RuntimeError):
     """Another process holds this run folder."""
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path next to ``path`` to write; moved onto ``path`` when the block ends without error, and
+    removed in any case, so readers see the old file or the whole new one, never a partial one."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    finally:
+        tmp.unlink(missing_ok=True)  # only left when the block failed or was interrupted mid-write
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def git_info() -> dict[str, Any]:
@@ -263,11 +270,9 @@ class RunDir:
         for name in COMPRESSED:
             src = self.path / name.removesuffix(".gz")
             if src.exists():
-                dst = self.path / name
-                tmp = dst.with_name(f".{name}.tmp")
-                with open(src, "rb") as f, gzip.GzipFile(tmp, "wb", mtime=0) as g:
-                    g.write(f.read())
-                os.replace(tmp, dst)
+                with atomic_path(self.path / name) as tmp:
+                    with open(src, "rb") as f, gzip.GzipFile(tmp, "wb", mtime=0) as g:
+                        g.write(f.read())
                 src.unlink()
 
     def clear(self) -> None:

@@ -36,22 +36,21 @@ def check_config(cfg) -> None:
 
     Raises ConfigError naming the key and the allowed values.
     """
-    from experiments.config import ConfigError
+    from experiments.config import _check
     from experiments.tiny.model import MODELS
     from experiments.tiny.task import N_POSITIONS, TASKS
 
-    def fail(key, value, allowed):
-        raise ConfigError(f"{key}={value!r} is not valid; allowed: {allowed}")
-
-    if cfg.model.name not in MODELS:
-        fail("model.name", cfg.model.name, ", ".join(MODELS))
-    if cfg.task.name not in TASKS:
-        fail("task.name", cfg.task.name, ", ".join(TASKS))
+    samples = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    minibatches = cfg.train.minibatches
+    allowed = f"a divisor of prompts_per_step x samples_per_prompt = {samples}"
+    _check("train", "minibatches", samples % minibatches == 0, allowed, minibatches)
+    _check("model", "name", cfg.model.name in MODELS, ", ".join(MODELS), cfg.model.name)
+    _check("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
     task = TASKS[cfg.task.name]
     new = cfg.rollout.max_new_tokens
-    if new < task.answer_len:
-        fail("rollout.max_new_tokens", new, f">= {task.answer_len} (a correct {task.name} answer and its EOS)")
-    if task.prompt_len + new > N_POSITIONS:
-        fail("rollout.max_new_tokens", new, f"<= {N_POSITIONS - task.prompt_len} (the tiny model's context)")
-    if cfg.eval.n_prompts > task.n_eval:
-        fail("eval.n_prompts", cfg.eval.n_prompts, f"<= {task.n_eval} (the held-out split of {task.name})")
+    allowed = f">= {task.answer_len} (a correct {task.name} answer and its EOS)"
+    _check("rollout", "max_new_tokens", new >= task.answer_len, allowed, new)
+    allowed = f"<= {N_POSITIONS - task.prompt_len} (the tiny model's context)"
+    _check("rollout", "max_new_tokens", task.prompt_len + new <= N_POSITIONS, allowed, new)
+    allowed = f"<= {task.n_eval} (the held-out split of {task.name})"
+    _check("eval", "n_prompts", cfg.eval.n_prompts <= task.n_eval, allowed, cfg.eval.n_prompts)

@@ -12,7 +12,10 @@ import torch
 
 
 def derive_seed(*parts) -> int:
-    """A 63-bit seed from any printable parts, e.g. ``derive_seed(seed, step, "rollout")``."""
+    """A 63-bit seed from any printable parts, e.g. ``derive_seed(seed, step, "rollout")``.
+
+    The same idea as nsr.openrlhf.settings.stream_seed, but it hashes ``repr(parts)``: kept apart, because another
+    encoding would change every draw of the committed CPU grid."""
     digest = hashlib.sha256(repr(parts).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from experiments.config import RunConfig
-from experiments.rundir import REPO_ROOT
+from experiments.rundir import REPO_ROOT, atomic_path
 from experiments.tiny.model import build_model
 from experiments.tiny.rng import generator
 from experiments.tiny.task import get_task
@@ -104,12 +104,8 @@ def warm_start(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
         with _file_lock(path.with_suffix(".lock")):
             if not path.exists():  # another job may have built it while we waited
                 state, info = train_sft(cfg, progress)
-                tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-                try:
+                with atomic_path(path) as tmp:
                     torch.save({"state_dict": state, "info": info}, tmp)
-                    os.replace(tmp, path)
-                finally:
-                    tmp.unlink(missing_ok=True)  # only left when interrupted mid-write
     blob = torch.load(path, weights_only=True)
     return blob["state_dict"], blob["info"]
 

@@ -16,7 +16,6 @@ uninterrupted one (every field but wall_s).
 from __future__ import annotations
 
 import copy
-import os
 import time
 
 import torch
@@ -24,7 +23,7 @@ from tqdm import tqdm
 
 import nsr
 from experiments.config import RunConfig
-from experiments.rundir import RunDir
+from experiments.rundir import RunDir, atomic_path
 from experiments.tiny import set_threads
 from experiments.tiny.evaluate import evaluate, summary
 from experiments.tiny.model import build_model, generate, logprobs, response_mask
@@ -32,7 +31,7 @@ from experiments.tiny.rng import generator
 from experiments.tiny.sft import sft_key, warm_start
 from experiments.tiny.task import Task, get_task
 
-_MEAN_KEYS = ("clip_frac_low", "clip_frac_high", "clip_frac", "rescue_frac", "pushout_frac", "ratio_mean")
+_MEAN_KEYS = nsr.METRIC_KEYS[:6]  # clip_frac_low ... ratio_mean: averaged over updates (then ratio min/max, kl)
 
 
 def rl_step(
@@ -74,8 +73,10 @@ def rl_step(
             m = mask[mb]
             logp, mb_ent = logprobs(model, prompts[mb], comps[mb], ro.temperature, with_entropy=tr.entropy_coef > 0)
             loss_tok, met = nsr.policy_loss(logp, old_logp[mb], adv[mb], m, cfg.loss, generator=g_loss)
-            if bins is not None:
-                bins.add(loss_tok, logp, old_logp[mb], adv[mb], m)
+            if bins is not None:  # token level: the token ratios, for the bins and ratio_out_frac
+                with torch.no_grad():
+                    r = torch.exp((logp.detach() - old_logp[mb]).clamp(-20, 20))
+                bins.add(loss_tok, logp, r, adv[mb], m)
             pg_loss = nsr.aggregate(loss_tok, m, tr.agg_mode)
             loss = pg_loss
             if tr.entropy_coef > 0:
@@ -89,10 +90,9 @@ def rl_step(
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
             opt.step()
-            if cfg.loss.level == "token":  # token ratios outside the region, either side (clipped or not)
-                with torch.no_grad():
-                    r = torch.exp(logp.detach() - old_logp[mb])[m]
-                    _add(acc, "ratio_out_frac", ((r < cfg.loss.low) | (r > cfg.loss.high)).float().mean().item())
+            if bins is not None:  # token ratios outside the region, either side (clipped or not)
+                out = (r[m] < cfg.loss.low) | (r[m] > cfg.loss.high)  # the clamp cannot move r across a bound
+                _add(acc, "ratio_out_frac", out.float().mean().item())
             _add(acc, "policy_loss", pg_loss.item())
             _add(acc, "grad_norm", grad_norm.item())
             _add(acc, "ppo_kl", met["approx_kl"].item())
@@ -134,20 +134,22 @@ class RatioBins:
         shape = (2, 3, self.N_BINS + 1)  # side (pos, neg) x (clipped, rescued, weight) x bin
         self.acc = torch.zeros(shape, dtype=torch.float64)
 
-    def add(self, loss_tok, logp, old_logp, adv, mask) -> None:
+    def add(self, loss_tok, logp, r, adv, mask) -> None:
+        """One minibatch: ``r`` the token ratios exp(clamp(logp - old, -20, 20)), detached."""
         (grad,) = torch.autograd.grad(loss_tok.sum(), logp, retain_graph=True)  # d loss_t / d log pi_t, exact
         with torch.no_grad():
             adv = adv.reshape(len(adv), -1).expand_as(logp)  # one advantage per response, over its tokens
-            r = torch.exp((logp.detach() - old_logp).clamp(-20, 20))
-            clipped = mask & (((adv > 0) & (r > self.cfg.high)) | ((adv < 0) & (r < self.cfg.low)))
+            clipped = mask & nsr.theory._clipped(r, adv, self.cfg)
             depth = nsr.theory.rescue_depth(r, adv, self.cfg)
             b = (depth * self.N_BINS).floor().clamp(0, self.N_BINS).long()
-            weight = (grad / (-adv * r)).double()
+            n = self.N_BINS + 1
             for side, sel in enumerate((clipped & (adv > 0), clipped & (adv < 0))):
                 kept = sel & (grad != 0)
-                for j, (which, w) in enumerate(((sel, None), (kept, None), (kept, weight))):
-                    vals = None if w is None else w[which]
-                    self.acc[side, j] += torch.bincount(b[which], weights=vals, minlength=self.N_BINS + 1)
+                b_kept = b[kept]
+                weight = (grad[kept] / (-adv[kept] * r[kept])).double()
+                self.acc[side, 0] += torch.bincount(b[sel], minlength=n)
+                self.acc[side, 1] += torch.bincount(b_kept, minlength=n)
+                self.acc[side, 2] += torch.bincount(b_kept, weights=weight, minlength=n)
 
     def row(self, step: int) -> dict:
         out = {"step": step, "delta": self.cfg.delta, "executor": self.cfg.executor}
@@ -165,13 +167,9 @@ def _add(acc: dict, key: str, value: float) -> None:
 
 
 def _save_checkpoint(rd: RunDir, step: int, model, opt, cfg: RunConfig) -> None:
-    tmp = rd.checkpoint_path.with_name(f".{rd.checkpoint_path.name}.tmp{os.getpid()}")
     state = {"step": step, "run_hash": cfg.run_hash(), "model": model.state_dict(), "optimizer": opt.state_dict()}
-    try:
+    with atomic_path(rd.checkpoint_path) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, rd.checkpoint_path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only left when interrupted (SIGTERM) mid-write
 
 
 def _eval_due(cfg: RunConfig, step: int) -> bool:
