@@ -1,4 +1,4 @@
-# Laptop / CI entry points. The cluster install is in README.md ("Cluster").
+# Laptop / CI entry points. The cluster install is in docs/cluster.md (and README.md, "Cluster").
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -10,13 +10,15 @@ PYTEST_ARGS ?=
 venv: $(VENV)/.installed
 
 # torch first (the CPU wheel; a plain `torch` requirement would pull a multi-GB CUDA build), then the rest,
-# then OpenRLHF without its CUDA-only dependencies so tests can load its real loss and CLI code.
-$(VENV)/.installed: requirements-cpu.txt
+# then OpenRLHF without its CUDA-only dependencies so tests can load its real loss and CLI code, then this repo
+# as an editable package (pyproject.toml): every entry point and Ray / SLURM worker imports the installed package.
+$(VENV)/.installed: requirements-cpu.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements-cpu.txt
 	$(PIP) install --quiet --no-deps openrlhf==0.11.2
+	$(PIP) install --quiet -e .
 	touch $@
 
 # `make test` = venv + the single-node SLURM the tests use (when root and apt-get are here) + pytest.

@@ -16,30 +16,24 @@
 # `jupytext --to ipynb notebooks/explore_runs.py` (or the jupytext Jupyter extension), or run it as a script:
 # `python notebooks/explore_runs.py`.
 #
-# `NSR_RUNS` picks the results folder (default `results/runs`), `NSR_SWEEP` the sweep to look at (default: the
-# one with the most finished runs).
+# `NSR_RUNS` picks the results folder (default: the repo's `results/runs`), `NSR_SWEEP` the sweep to look at
+# (default: the one with the most finished runs). Needs the repo installed (`make venv`, or `pip install -e .`).
 
 # %%
 import os
-import sys
 import warnings
-from pathlib import Path
 
 import pandas as pd
 from IPython.display import display
 
-# Jupyter starts the kernel in notebooks/: work from the repo root, so `analysis` imports and paths resolve
-ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "analysis" / "load.py").is_file())
-os.chdir(ROOT)
-sys.path.insert(0, str(ROOT))
-
-from analysis import claims, figures, tables  # noqa: E402
-from analysis.load import RunWarning, load_runs, status_report  # noqa: E402
-from analysis.summary import eval_curves, summarize  # noqa: E402
+# `analysis` is the installed package (`pip install -e .`), so this works from any working directory
+from analysis import claims, figures, tables
+from analysis.load import RUNS_ROOT, RunWarning, load_runs, status_report
+from analysis.summary import eval_curves, summarize
 
 # %matplotlib inline
 
-RUNS = os.environ.get("NSR_RUNS", "results/runs")
+RUNS = os.environ.get("NSR_RUNS") or str(RUNS_ROOT)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", RunWarning)  # every problem is kept in rs.issues, shown below
     rs = load_runs(RUNS)
