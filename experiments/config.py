@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import re
 import types
 import typing
@@ -40,6 +41,38 @@ def _check(cls: str, key: str, ok: bool, allowed: str, value) -> None:
         raise ConfigError(f"{cls}.{key}={value!r} is not valid; allowed: {allowed}")
 
 
+SEED_MAX = 2**31 - 1
+"""Largest seed (a 32-bit signed int: every library we hand it to, numpy and vLLM included, takes it)."""
+MAX_STEPS = 10**6
+MAX_BATCH = 2**20
+MAX_SAMPLES = 4096
+"""Responses per prompt (rollout.samples_per_prompt, eval.n_samples): pass@k papers stop at k = 1024-4096."""
+MAX_TOKENS = 2**17
+MAX_TEMPERATURE = 10.0
+TINY_MAX_PARAMS = 10**8
+"""tiny backend: 12 x n_layer x d_model^2 at most (weights + Adam state ~1.6 GB in float32 on a CPU)."""
+TINY_MAX_SEQUENCES = 2**17
+"""tiny backend: sequences in one batch (a rollout's prompts x samples, an eval's prompts x samples); each
+batch is generated at once, so this bounds the memory a step needs (a few GB at the default width)."""
+
+
+def _range(cls: str, key: str, value, lo=None, hi=None, *, lo_open: bool = False) -> None:
+    """``value`` finite and in [lo, hi] (``(lo, hi]`` with ``lo_open``); ConfigError naming the key otherwise.
+
+    Non-finite floats never get here from YAML or ``key=value`` (the loader refuses them); this also covers
+    dataclasses built in Python.
+    """
+    parts = []
+    if lo is not None:
+        parts.append(f"> {lo}" if lo_open else f">= {lo}")
+    if hi is not None:
+        parts.append(f"<= {hi}")
+    allowed = "a finite number " + " and ".join(parts) if parts else "a finite number"
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (lo is None or (value > lo if lo_open else value >= lo)) and (hi is None or value <= hi)
+    _check(cls, key, ok, allowed, value)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The policy. tiny backend: a transformers GPT-2 of this size, trained from scratch; openrlhf: a HF model."""
@@ -54,8 +87,9 @@ class ModelConfig:
     """tiny: attention heads."""
 
     def __post_init__(self):
-        for k in ("d_model", "n_layer", "n_head"):
-            _check("model", k, getattr(self, k) >= 1, f"{k} >= 1", getattr(self, k))
+        _range("model", "d_model", self.d_model, 1, 8192)
+        _range("model", "n_layer", self.n_layer, 1, 128)
+        _range("model", "n_head", self.n_head, 1, 256)
         _check("model", "d_model", self.d_model % self.n_head == 0, "a multiple of n_head", self.d_model)
 
 
@@ -72,10 +106,12 @@ class SFTConfig:
     """The warm start's own seed: every RL seed starts from the same checkpoint."""
 
     def __post_init__(self):
-        _check("sft", "steps", self.steps >= 0, "steps >= 0", self.steps)
-        _check("sft", "batch_size", self.batch_size >= 1, "batch_size >= 1", self.batch_size)
-        _check("sft", "lr", self.lr > 0, "lr > 0", self.lr)
-        _check("sft", "warmup", self.warmup >= 0, "warmup >= 0", self.warmup)
+        _range("sft", "steps", self.steps, 0, MAX_STEPS)
+        _range("sft", "batch_size", self.batch_size, 1, MAX_BATCH)
+        _range("sft", "lr", self.lr, 0, 1, lo_open=True)
+        _range("sft", "warmup", self.warmup, 0, MAX_STEPS)
+        _range("sft", "weight_decay", self.weight_decay, 0, 1)
+        _range("sft", "seed", self.seed, 0, SEED_MAX)
 
 
 @dataclass(frozen=True)
@@ -96,6 +132,9 @@ class TaskConfig:
     """openrlhf: folder of the evaluator's ``<benchmark>.jsonl`` files (made by ``experiments.openrlhf.data``);
     '' = the folder of ``train_data``."""
 
+    def __post_init__(self):
+        _range("task", "max_prompt_len", self.max_prompt_len, 1, MAX_TOKENS)
+
 
 @dataclass(frozen=True)
 class RolloutConfig:
@@ -109,10 +148,10 @@ class RolloutConfig:
     """Response budget (tiny: the completion length)."""
 
     def __post_init__(self):
-        _check("rollout", "prompts_per_step", self.prompts_per_step >= 1, ">= 1", self.prompts_per_step)
-        _check("rollout", "samples_per_prompt", self.samples_per_prompt >= 2, ">= 2", self.samples_per_prompt)
-        _check("rollout", "temperature", self.temperature > 0, "> 0", self.temperature)
-        _check("rollout", "max_new_tokens", self.max_new_tokens >= 1, ">= 1", self.max_new_tokens)
+        _range("rollout", "prompts_per_step", self.prompts_per_step, 1, MAX_BATCH)
+        _range("rollout", "samples_per_prompt", self.samples_per_prompt, 2, MAX_SAMPLES)
+        _range("rollout", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
+        _range("rollout", "max_new_tokens", self.max_new_tokens, 1, MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -137,15 +176,17 @@ class TrainConfig:
     """epochs x minibatches == 1 makes every ratio 1, so every clip rule equals the baseline; refused unless True."""
 
     def __post_init__(self):
-        _check("train", "steps", self.steps >= 1, ">= 1", self.steps)
-        _check("train", "lr", self.lr > 0, "> 0", self.lr)
-        _check("train", "epochs", self.epochs >= 1, ">= 1", self.epochs)
-        _check("train", "minibatches", self.minibatches >= 1, ">= 1", self.minibatches)
-        _check("train", "grad_clip", self.grad_clip > 0, "> 0", self.grad_clip)
-        betas_ok = len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas)
+        _range("train", "steps", self.steps, 1, MAX_STEPS)
+        _range("train", "lr", self.lr, 0, 1, lo_open=True)
+        _range("train", "epochs", self.epochs, 1, 1000)
+        _range("train", "minibatches", self.minibatches, 1, MAX_BATCH)
+        _range("train", "grad_clip", self.grad_clip, 0, lo_open=True)
+        betas_ok = len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas)  # NaN fails 0 <= b
         _check("train", "adam_betas", betas_ok, "two numbers in [0, 1)", self.adam_betas)
+        _range("train", "weight_decay", self.weight_decay, 0, 1)
         _check("train", "agg_mode", self.agg_mode in AGG_MODES, ", ".join(AGG_MODES), self.agg_mode)
-        _check("train", "kl_coef", self.kl_coef >= 0, ">= 0", self.kl_coef)
+        _range("train", "entropy_coef", self.entropy_coef, 0)
+        _range("train", "kl_coef", self.kl_coef, 0)
         if self.epochs * self.minibatches == 1 and not self.allow_on_policy:
             raise ConfigError(
                 "train.epochs * train.minibatches = 1: one optimizer step per rollout keeps every ratio at 1, so "
@@ -170,10 +211,11 @@ class EvalConfig:
     """Seed of the eval prompt set and its sampling (the same for every run, so arms are paired)."""
 
     def __post_init__(self):
-        _check("eval", "every", self.every >= 0, ">= 0", self.every)
-        _check("eval", "n_prompts", self.n_prompts >= 0, ">= 0", self.n_prompts)
-        _check("eval", "n_samples", self.n_samples >= 0, ">= 0", self.n_samples)
-        _check("eval", "temperature", self.temperature > 0, "> 0", self.temperature)
+        _range("eval", "every", self.every, 0, MAX_STEPS)
+        _range("eval", "n_prompts", self.n_prompts, 0, MAX_BATCH)
+        _range("eval", "n_samples", self.n_samples, 0, MAX_SAMPLES)
+        _range("eval", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
+        _range("eval", "seed", self.seed, 0, SEED_MAX)
 
 
 @dataclass(frozen=True)
@@ -186,6 +228,9 @@ class LoggingConfig:
     """Show a progress bar."""
     keep_checkpoint: bool = False
     """Keep the final checkpoint in the run folder (tiny: a few hundred kB)."""
+
+    def __post_init__(self):
+        _range("logging", "checkpoint_every", self.checkpoint_every, 0, MAX_STEPS)
 
 
 @dataclass(frozen=True)
@@ -225,6 +270,21 @@ class OpenRLHFConfig:
     """Further OpenRLHF flags, passed through verbatim (checked by OpenRLHF's own parser); flags the argv
     builder sets from other fields are refused here (set the field instead)."""
 
+    def __post_init__(self):  # one field at a time; how fields fit together is checked by the argv builder
+        _range("openrlhf", "nodes", self.nodes, 1, 1024)
+        _range("openrlhf", "gpus_per_node", self.gpus_per_node, 1, 64)
+        _range("openrlhf", "vllm_engines", self.vllm_engines, 1, 65536)
+        _range("openrlhf", "vllm_tensor_parallel", self.vllm_tensor_parallel, 1, 64)
+        _range("openrlhf", "vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, 0, 1, lo_open=True)
+        _check("openrlhf", "zero_stage", self.zero_stage in (0, 1, 2, 3), "0, 1, 2, 3", self.zero_stage)
+        _range("openrlhf", "micro_train_batch_size", self.micro_train_batch_size, 1, MAX_BATCH)
+        _range("openrlhf", "micro_rollout_batch_size", self.micro_rollout_batch_size, 1, MAX_BATCH)
+        _range("openrlhf", "train_batch_size", self.train_batch_size, 1, MAX_BATCH)
+        _range("openrlhf", "save_steps", self.save_steps, 1, MAX_STEPS)
+        _range("openrlhf", "lr_warmup_ratio", self.lr_warmup_ratio, 0, 1)
+        _range("openrlhf", "overlong_buffer_len", self.overlong_buffer_len, 0, MAX_TOKENS)
+        _range("openrlhf", "overlong_penalty_factor", self.overlong_penalty_factor, 0)
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -245,7 +305,9 @@ class RunConfig:
 
     def __post_init__(self):
         _check("RunConfig", "backend", self.backend in ("tiny", "openrlhf"), "tiny, openrlhf", self.backend)
+        _range("RunConfig", "seed", self.seed, 0, SEED_MAX)
         if self.backend == "tiny":
+            _check_tiny_sizes(self)
             from experiments.tiny import check_config  # task/model registries and sizes; late import (cycle)
 
             check_config(self)
@@ -270,6 +332,19 @@ class RunConfig:
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _check_tiny_sizes(cfg: RunConfig) -> None:
+    """What the tiny backend can hold on a CPU: the model's size and the batches it generates at once."""
+    m, r, e = cfg.model, cfg.rollout, cfg.eval
+    params = 12 * m.n_layer * m.d_model**2
+    allowed = f"12 x n_layer x d_model^2 <= {TINY_MAX_PARAMS:.0e} (a model the tiny backend trains on a CPU)"
+    _check("model", "d_model", params <= TINY_MAX_PARAMS, allowed, m.d_model)
+    allowed = f"prompts_per_step x samples_per_prompt <= {TINY_MAX_SEQUENCES} (one batch on a CPU)"
+    batch = r.prompts_per_step * r.samples_per_prompt
+    _check("rollout", "samples_per_prompt", batch <= TINY_MAX_SEQUENCES, allowed, r.samples_per_prompt)
+    allowed = f"eval.n_prompts x n_samples <= {TINY_MAX_SEQUENCES} (one batch on a CPU)"
+    _check("eval", "n_samples", e.n_prompts * e.n_samples <= TINY_MAX_SEQUENCES, allowed, e.n_samples)
 
 
 # -------------------------------------------------------------------- generic (de)serialisation
@@ -318,11 +393,14 @@ def _coerce(value, tp, key: str):
             return value
         raise ConfigError(f"{key}={value!r} is not valid; allowed: an integer")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):  # PyYAML reads 1e-4 as a string
-            return float(value)
-        raise ConfigError(f"{key}={value!r} is not valid; allowed: a number")
+            number = float(value)
+        elif isinstance(value, str) and _FLOAT.fullmatch(value.strip()):  # PyYAML reads 1e-4 as a string
+            number = float(value)
+        if number is None or not math.isfinite(number):  # .nan, .inf, 1e999
+            raise ConfigError(f"{key}={value!r} is not valid; allowed: a finite number")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -379,7 +457,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {item!r} has an empty key")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    value = parse_yaml(raw, f"override {item!r}") if raw.strip() else ""
     return key.split("."), value
 
 
@@ -405,16 +483,86 @@ def apply_overrides(data: dict, overrides: list[str] | dict) -> dict:
     return out
 
 
-def read_yaml(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in first_line:
+                        raise yaml.constructor.ConstructorError(
+                            None,
+                            None,
+                            f"duplicate key {key!r} (first at line {first_line[key]}); allowed: each key once",
+                            key_node.start_mark,
+                        )
+                    first_line[key] = key_node.start_mark.line + 1
+                except TypeError:  # an unhashable key: SafeLoader's own error says so below
+                    continue
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, source: str = "<string>") -> Any:
+    """YAML ``text`` as Python values, refusing duplicate keys; ConfigError naming ``source``, the line and the key.
+
+    Safe (no arbitrary objects). An empty document gives None.
+    """
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" line {mark.line + 1}:" if mark is not None else ""
+        what = "" if str(e.problem).startswith("duplicate key") else " not valid YAML:"
+        raise ConfigError(f"{source}:{where}{what} {e.problem}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{source}: not valid YAML: {e}") from None
+
+
+def load_yaml(path: str | Path) -> Any:
+    """The one YAML reader of the repo (configs, presets, sweeps, the site file, claims files, run folders).
+
+    Returns the parsed document (None for an empty file). Raises ConfigError (a ValueError) naming the file: no such
+    file, not a text file (binary data), not valid YAML, or a duplicate key (with its line and the first one's).
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder; allowed: a YAML file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text file (byte {e.start} is not UTF-8); allowed: a YAML file") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: not a text file (a NUL byte at {text.index(chr(0))}); allowed: a YAML file")
+    return parse_yaml(text, str(path))
+
+
+def read_yaml(path: str | Path, what: str = "config") -> dict:
+    """A YAML file that must be a non-empty mapping (a config, a preset, a sweep); ConfigError otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such {what} file")
+    data = load_yaml(path)
+    if data is None or data == {}:
+        hint = (
+            "to run the defaults, say so: start from a preset (sweeps/presets/tiny.yaml, tiny-smoke.yaml) or "
+            "write the keys you mean (e.g. `backend: tiny`)"
+            if what == "config"
+            else "allowed: a mapping of keys"
+        )
+        raise ConfigError(f"{path}: empty {what} file (no keys); {hint}")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
+        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
     return data
 
 

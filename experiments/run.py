@@ -10,12 +10,19 @@ Cluster (inside a SLURM allocation; normally sent by ``python -m slurm.submit``)
 
 The folder (``--out``, default ``results/runs/<sweep>/<run_id>``) gets config.yaml, metrics.jsonl, eval.jsonl and
 an atomically written status.json. A folder whose run is done is never overwritten without ``--force``; any other
-folder of the same config resumes from its last checkpoint. Bad config: a clear error, and no folder is created.
+folder of the same config resumes from its last checkpoint. A folder of another config, a folder that is not a run
+folder, or one whose files cannot be read is refused, ``--force`` or not. Without ``--out``, a config that is
+already done (or running) in another folder under results/runs (another sweep that has the same config) is not
+run again: the message says where it is. Bad config: a clear error, and no folder is created.
+
+Exit status: 0 done, 2 bad input (nothing created), 3 the folder refuses the run (done, another config, locked,
+not writable), 143 cancelled (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -23,10 +30,19 @@ import traceback
 from pathlib import Path
 
 from experiments.config import ConfigError, RunConfig, load_config
-from experiments.rundir import REPO_ROOT, RunDir, RunExistsError, RunLockedError
+from experiments.rundir import (
+    BAD,
+    COMPRESSED,
+    LOG_FILES,
+    RECORD,
+    RUNS_ROOT,
+    RunDir,
+    RunExistsError,
+    RunFolderError,
+    runs_by_hash,
+)
 from nsr.registry import Registry
 
-RUNS_ROOT = REPO_ROOT / "results" / "runs"
 BACKENDS: Registry = Registry("backend")
 
 
@@ -66,41 +82,94 @@ def run(
     ``meta`` (e.g. ``{"sweep": "delta", "arm": "nsr", "point": {"loss.delta": 0.2}, "seed": 0}``) is stored in
     config.yaml's ``meta`` section, where the analysis finds each run's arm.
 
-    Returns the final status dict. Raises RunExistsError if ``out`` holds a finished run, or a run of another
-    config, and ``force`` is False; RunLockedError if another process is running it.
+    Returns the final status dict. The folder is locked first and checked under the lock (no other process can
+    change it in between). Raises RunExistsError if ``out`` holds a finished run and ``force`` is False, or a run of
+    another config (``force`` does not apply: it never wipes another config's run); RunLockedError if another
+    process is running it; RunFolderError if ``out`` is a file, cannot be written, is not a run folder, or holds run
+    files that cannot be read.
     """
     rd = RunDir(out)
-    state, old_hash = rd.state(), rd.config_hash()
-    if not force:
-        if state == "done":
-            raise RunExistsError(f"{rd.path}: this run is done; pass --force to run it again from scratch")
-        if old_hash is not None and old_hash != cfg.run_hash():
-            raise RunExistsError(
-                f"{rd.path}: holds a run of another config (hash {old_hash}, this one {cfg.run_hash()}); "
-                "use another --out or pass --force"
+    if rd.path.exists() and not rd.path.is_dir():
+        raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
+    existed = rd.path.exists()
+    try:
+        with rd.lock():
+            check_folder(rd, cfg, force)
+            return _run_locked(cfg, rd, run_id, meta, force, progress)
+    except RunFolderError:
+        if not existed:  # refused before anything was written: leave no folder behind
+            rd.lock_path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                rd.path.rmdir()
+        raise
+
+
+_RUN_FILES = {"config.yaml", "status.json", *LOG_FILES, *COMPRESSED, "checkpoint.pt", RECORD}
+
+
+def check_folder(rd: RunDir, cfg: RunConfig, force: bool) -> None:
+    """May ``cfg`` run into ``rd``? Identity first (the config hash), then the state. Raises RunFolderError."""
+    old_hash = rd.config_hash()  # RunFolderError if config.yaml cannot be read: never guess whose folder it is
+    if old_hash is not None and old_hash != cfg.run_hash():
+        raise RunExistsError(
+            f"{rd.path}: holds a run of another config (hash {old_hash}, this one {cfg.run_hash()}); it is left as "
+            "it is (--force does not apply to another config's run); allowed: another --out"
+        )
+    if old_hash is None:
+        foreign = sorted(p.name for p in rd.path.iterdir() if p.name not in _RUN_FILES and not p.name.startswith("."))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+            raise RunFolderError(
+                f"{rd.path}: is not a run folder (holds {shown} and no config.yaml); allowed: a new or empty "
+                "folder, or a run folder of this config"
             )
-    with rd.lock():
-        if force:
-            rd.clear()
-        rd.write_config(cfg, run_id=run_id, **(meta or {}))
-        rd.set_status("running", run_hash=cfg.run_hash())
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-        try:
-            BACKENDS[cfg.backend](cfg, rd, progress)
-        except BaseException as e:
-            # A second SIGTERM (SLURM sends several) must not interrupt the final status write.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            error = f"{type(e).__name__}: {e}"
-            if isinstance(e, (Cancelled, KeyboardInterrupt, SystemExit)):  # SystemExit: submitit's requeue
-                rd.set_status("cancelled", error=error)
-            else:
-                rd.set_status("failed", error=error, traceback=traceback.format_exc()[-4000:])
-            raise
+    st = rd.status() or {}
+    if force:
+        return
+    if st.get("state") == "done":
+        raise RunExistsError(f"{rd.path}: this run is done; pass --force to run it again from scratch")
+    if st.get("state") == BAD:
+        raise RunFolderError(
+            f"{st['problem']}; this folder's run (the same config) cannot be resumed from it; pass --force to run "
+            "it again from scratch"
+        )
+
+
+def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress: bool) -> dict:
+    if force:
+        rd.clear()
+    rd.write_config(cfg, run_id=run_id, **(meta or {}))
+    rd.set_status("running", run_hash=cfg.run_hash())
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        BACKENDS[cfg.backend](cfg, rd, progress)
+    except BaseException as e:
+        # A second SIGTERM (SLURM sends several) must not interrupt the final status write.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        error = f"{type(e).__name__}: {e}"
+        if isinstance(e, (Cancelled, KeyboardInterrupt, SystemExit)):  # SystemExit: submitit's requeue
+            rd.set_status("cancelled", error=error)
         else:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            return rd.set_status("done")
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+            rd.set_status("failed", error=error, traceback=traceback.format_exc()[-4000:])
+        raise
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return rd.set_status("done")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def elsewhere(cfg: RunConfig, out: Path, root: Path = RUNS_ROOT) -> tuple[str, Path] | None:
+    """("done" | "running", folder) if another folder under ``root`` holds this config done, or running (locked);
+    None otherwise. A config runs once, whichever sweeps contain it."""
+    found = [p for p in runs_by_hash(root).get(cfg.run_hash(), []) if p.resolve() != Path(out).resolve()]
+    for p in found:
+        if RunDir(p).state() == "done":
+            return "done", p
+    for p in found:
+        if RunDir(p).locked():
+            return "running", p
+    return None
 
 
 def default_out(sweep: str, run_id: str) -> Path:
@@ -117,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run", dest="run_id", help="run id within --sweep (as listed by slurm.submit --dry-run)")
     p.add_argument("--preset", help="with --sweep: replace the sweep's preset (e.g. tiny)")
     p.add_argument("--out", help="run folder (default results/runs/<sweep>/<run_id>)")
-    p.add_argument("--force", action="store_true", help="rerun a finished run from scratch")
+    p.add_argument("--force", action="store_true", help="rerun a finished run of this config from scratch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--dry-run",
@@ -130,6 +199,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def resolve(args) -> tuple[RunConfig, str, str, dict]:
     """(config, run_id, sweep name, meta) from the command line; raises ConfigError on bad input."""
+    if args.preset and not args.sweep:
+        raise ConfigError(
+            f"--preset {args.preset} needs --sweep (it replaces a sweep's preset); for a single run give the preset "
+            f"file as the config: python -m experiments.run sweeps/presets/{args.preset}.yaml key=value ..."
+        )
     if args.sweep:
         if args.config or args.overrides:
             raise ConfigError("give either a config file with overrides, or --sweep with --run, not both")
@@ -186,7 +260,7 @@ def dry_run(args) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)  # `CONFIG --out X key=value` works: overrides after options
     if args.dry_run:
         try:
             lines = dry_run(args)
@@ -203,8 +277,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else default_out(sweep, run_id)
     try:
+        if not args.out and not args.force and RunDir(out).state() != "done":
+            other = elsewhere(cfg, out)
+            if other is not None:
+                state, where = other
+                print(
+                    f"error: this config (hash {cfg.run_hash()}) is {state} in {where}, a config runs once; the "
+                    f"analysis reads it from there (pass --force to run it again into {out})",
+                    file=sys.stderr,
+                )
+                return 3
         status = run(cfg, out, run_id=run_id, meta=meta, force=args.force, progress=not args.no_progress)
-    except (RunExistsError, RunLockedError) as e:
+    except RunFolderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
     except Cancelled:

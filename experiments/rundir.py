@@ -9,20 +9,26 @@
         checkpoint.pt   resumable state (tiny backend), replaced atomically
 
 Writes are crash-safe: status.json and checkpoints go through a temp file and ``os.replace``; log lines are
-appended with a single ``write`` and flushed, and on resume the logs are cut back to the checkpoint's step, so a
-resumed run ends with exactly the rows of an uninterrupted one.
+appended with a single ``write``, flushed and fsynced (:func:`append_jsonl`, the one appender: a row is on disk
+before the checkpoint that follows it), and on resume the logs are cut back to the checkpoint's step, so a resumed
+run ends with exactly the rows of an uninterrupted one.
+
+This module owns all run-folder I/O: the runs root (:data:`RUNS_ROOT`), the folder lock (:meth:`RunDir.lock`,
+``filelock``; a soft lock file where the file system has no ``flock``), the status reader (:func:`read_status`,
+never raises on bad content), the appender, and run identity by config hash (:func:`runs_by_hash`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import gzip
 import json
 import os
 import platform
 import socket
 import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Iterable, Iterator
@@ -30,25 +36,46 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import filelock
 import yaml
 
-from experiments.config import RunConfig
+from experiments.config import ConfigError, RunConfig, load_yaml
 
 STATES = ("running", "done", "failed", "cancelled")
+BAD = "bad"
+"""The state :func:`read_status` gives a folder whose status.json cannot be read (binary, not an object, an
+unknown state); its ``problem`` says why. Readers report such a folder and go on; nothing runs into it."""
 LOG_FILES = ("metrics.jsonl", "eval.jsonl", "ratio_bins.jsonl")
 """Step-indexed JSON-lines logs; ratio_bins.jsonl (optional) holds per-step clipped / rescued counts by ratio bin."""
 COMPRESSED = tuple(f"{name}.gz" for name in LOG_FILES if name != "metrics.jsonl")
 """What a finished run gzips (metrics.jsonl stays plain: slurm.status and OpenRLHF's logger append to it)."""
 REPO_ROOT = Path(__file__).resolve().parents[1]
+RUNS_ROOT = REPO_ROOT / "results" / "runs"
+"""Default root of the run folders: ``RUNS_ROOT/<sweep>/<run_id>/``."""
+RECORD = "slurm.json"
+"""Written by slurm.submit into a folder it sent a job for (job id, cluster, log folder)."""
 _PACKAGES = ("torch", "transformers", "openrlhf", "numpy", "datasets", "submitit", "vllm", "deepspeed", "ray")
 
 
-class RunExistsError(RuntimeError):
+class RunFolderError(RuntimeError):
+    """This folder cannot take this run: a file, not writable, not a run folder, or unreadable run files."""
+
+
+class RunExistsError(RunFolderError):
     """The run folder holds a finished run (or another config) and ``force`` was not given."""
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(RunFolderError):
     """Another process holds this run folder."""
+
+
+_NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK}
+"""What flock raises where the file system does not support it (Lustre without -o flock: ENOSYS; some NFS: ENOLCK)."""
+SOFT_LOCK_NOTE = (
+    "{folder}: this file system does not support flock (e.g. Lustre mounted without -o flock); using a soft lock "
+    "file {soft} instead. It works across nodes, but a process killed on another node leaves it behind: if no "
+    "process runs this folder, remove it by hand."
+)
 
 
 @contextlib.contextmanager
@@ -92,6 +119,45 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return out
+
+
+def append_jsonl(path: Path, rows: Iterable[dict]) -> None:
+    """Append ``rows`` to a JSON-lines file: one ``write``, flushed and fsynced (the one fsync policy of every run
+    log, so a row is on disk before the checkpoint written after it). Nothing is written for no rows."""
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
+    if text:
+        with open(path, "a") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_status(path: Path) -> dict | None:
+    """A run folder's status.json (``path`` is the file): None if there is none; never raises on its content.
+
+    A file that is binary, not JSON, not a JSON object, or has no valid ``state`` comes back as
+    ``{"state": "bad", "problem": "<path>: why"}``, so one bad folder is reported, not a crash of the whole sweep.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return _bad(path, f"cannot read ({e.strerror or e})")
+    try:
+        st = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        return _bad(path, f"not JSON ({type(e).__name__}: {e})")
+    if not isinstance(st, dict):
+        return _bad(path, f"not a JSON object (a {type(st).__name__})")
+    if st.get("state") not in STATES:
+        return _bad(path, f"state={st.get('state')!r}; allowed: {', '.join(STATES)}")
+    return st
+
+
+def _bad(path: Path, why: str) -> dict:
+    return {"state": BAD, "problem": f"{path}: {why}"}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -185,12 +251,8 @@ class RunDir:
 
     # ------------------------------------------------------------ status
     def status(self) -> dict | None:
-        try:
-            return json.loads(self.status_path.read_text())
-        except FileNotFoundError:
-            return None
-        except json.JSONDecodeError:  # cannot happen with atomic writes, but never crash a reader on it
-            return {"state": "unknown"}
+        """status.json (None if absent); state ``bad`` with a ``problem`` if it cannot be read (:func:`read_status`)."""
+        return read_status(self.status_path)
 
     def state(self) -> str | None:
         st = self.status()
@@ -201,6 +263,8 @@ class RunDir:
             raise ValueError(f"state={state!r} is not valid; allowed: {', '.join(STATES)}")
         now = time.time()
         st = self.status() or {}
+        if st.get("state") == BAD:  # unreadable history is not carried over
+            st = {}
         if state == "running":  # a new attempt: the previous attempt's error is history
             st.pop("error", None)
             st.pop("traceback", None)
@@ -231,21 +295,33 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, yaml.safe_dump(data, sort_keys=False))
 
-    def config_hash(self) -> str | None:
-        try:
-            data = yaml.safe_load(self.config_path.read_text()) or {}
-        except FileNotFoundError:
+    def read_config(self) -> dict | None:
+        """config.yaml as a mapping (None if there is none); RunFolderError if it cannot be read."""
+        if not self.config_path.exists():
             return None
-        return (data.get("meta") or {}).get("run_hash")
+        try:
+            data = load_yaml(self.config_path)
+        except ConfigError as e:
+            raise RunFolderError(str(e)) from None
+        if not isinstance(data, dict):
+            raise RunFolderError(f"{self.config_path}: not a mapping (a {type(data).__name__})")
+        return data
+
+    def config_hash(self) -> str | None:
+        """The run hash recorded in config.yaml's ``meta`` (None without config.yaml); RunFolderError if the file
+        cannot be read or records no hash."""
+        data = self.read_config()
+        if data is None:
+            return None
+        run_hash = (data.get("meta") or {}).get("run_hash") if isinstance(data.get("meta"), dict) else None
+        if not isinstance(run_hash, str) or not run_hash:
+            raise RunFolderError(f"{self.config_path}: no meta.run_hash (not written by experiments.run)")
+        return run_hash
 
     # ------------------------------------------------------------ logs
     def append(self, name: str, rows: Iterable[dict]) -> None:
-        """Append rows to ``name`` (metrics.jsonl or eval.jsonl), one ``write`` call, flushed."""
-        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
-        if text:
-            with open(self.path / name, "a") as f:
-                f.write(text)
-                f.flush()
+        """Append rows to log ``name`` (metrics.jsonl, eval.jsonl, ratio_bins.jsonl) with :func:`append_jsonl`."""
+        append_jsonl(self.path / name, rows)
 
     def truncate_logs(self, last_step: int) -> None:
         """Drop log rows with step > ``last_step`` (written after the checkpoint a resume starts from).
@@ -281,16 +357,90 @@ class RunDir:
             (self.path / p).unlink(missing_ok=True)
 
     # ------------------------------------------------------------ lock
+    @property
+    def lock_path(self) -> Path:
+        return self.path / ".lock"
+
+    @property
+    def soft_lock_path(self) -> Path:
+        """The lock file used where flock is not supported (exists only while a process holds the folder)."""
+        return self.path / ".lock.soft"
+
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Exclusive use of the folder (an OS lock, released when the process dies)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        f = open(self.path / ".lock", "w")
+        """Exclusive use of the folder, created if needed; RunLockedError at once if another process holds it,
+        RunFolderError if the folder or its lock file cannot be created (a read-only place, a file in the way).
+
+        An OS lock (``filelock``, flock: released when the process dies). Where the file system has no flock
+        (Lustre without ``-o flock``), a soft lock file :attr:`soft_lock_path` instead, with a note on stderr.
+        """
         try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            lock = filelock.FileLock(self.lock_path, timeout=0, fallback_to_soft=False)
+            lock.acquire()
+        except filelock.Timeout:
+            raise RunLockedError(f"{self.path}: another process is running this run") from None
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:  # a read-only place, a file where a folder should be
+                raise RunFolderError(f"{self.path}: cannot write the run folder here ({e.strerror or e})") from None
+            print(SOFT_LOCK_NOTE.format(folder=self.path, soft=self.soft_lock_path), file=sys.stderr)
+            lock = filelock.SoftFileLock(self.soft_lock_path, timeout=0)
             try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RunLockedError(f"{self.path}: another process is running this run") from None
+                lock.acquire()
+            except filelock.Timeout:
+                raise RunLockedError(
+                    f"{self.path}: another process is running this run (soft lock {self.soft_lock_path}; "
+                    "if none is, remove that file)"
+                ) from None
+        try:
             yield
         finally:
-            f.close()
+            lock.release()
+
+    def locked(self) -> bool:
+        """True if a process holds the folder's lock now (:meth:`lock`); never creates the folder."""
+        if not self.path.is_dir():
+            return False
+        if self.soft_lock_path.exists():
+            return True
+        if not self.lock_path.exists():
+            return False
+        try:
+            with self.lock():
+                return False
+        except RunLockedError:
+            return True
+        except RunFolderError:  # cannot even open the lock (a read-only copy): nobody runs it from here
+            return False
+
+    def job_record(self) -> dict:
+        """slurm.json (written by slurm.submit), {} if absent or unreadable."""
+        try:
+            rec = json.loads((self.path / RECORD).read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            return {}
+        return rec if isinstance(rec, dict) else {}
+
+
+def runs_by_hash(root: str | Path = RUNS_ROOT, bad: list | None = None) -> dict[str, list[Path]]:
+    """Run identity: {config hash: [run folders holding that config]} for every folder under ``root`` (at any
+    depth: a sweep folder, a copy under ``backup/``) that has a config.yaml written by experiments.run.
+
+    Folders are sorted by path. A config is one run however many folders hold it: the submitter skips a config done
+    in any folder, and the analysis counts it once. Folders whose config.yaml cannot be read are left out and, if
+    ``bad`` is a list, appended to it as (folder, problem).
+    """
+    out: dict[str, list[Path]] = {}
+    root = Path(root)
+    if not root.is_dir():
+        return out
+    for cfg in sorted(root.rglob("config.yaml")):
+        rd = RunDir(cfg.parent)
+        try:
+            h = rd.config_hash()
+        except RunFolderError as e:
+            if bad is not None:
+                bad.append((rd.path, str(e)))
+            continue
+        out.setdefault(h, []).append(rd.path)
+    return out

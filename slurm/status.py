@@ -4,9 +4,14 @@
     python -m slurm.status delta --preset tiny      # the runs of the tiny version of the sweep
     python -m slurm.status delta --json             # one JSON object per run
 
-Folder states: running | done | failed | cancelled, or ``-`` (not started; ``queued`` when a job was submitted).
-The job id comes from the folder's slurm.json (written by slurm.submit) or status.json; the sacct column is
-``n/a`` where SLURM accounting cannot be read.
+State column: the folder's state (running | done | failed | cancelled), checked against SLURM where the folder
+cannot know: a folder with no status.json whose job was submitted reads ``queued`` while SLURM has the job,
+``not started (job CANCELLED)`` (or FAILED, TIMEOUT, ...) once its job ended without starting the run, and
+``submitted`` where neither sacct nor squeue can be read; a ``running`` folder whose job ended reads
+``stopped (job TIMEOUT)`` etc. (the run was killed before it could record it; resubmitting resumes it). ``bad``:
+status.json or config.yaml cannot be read (the error column says why). ``-``: not started. The job id comes from
+the folder's slurm.json (written by slurm.submit) or status.json; the sacct column is ``n/a`` where SLURM
+accounting cannot be read.
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ import sys
 from pathlib import Path
 
 from experiments.config import ConfigError
-from experiments.rundir import RunDir
+from experiments.rundir import BAD, RUNS_ROOT, RunDir, RunFolderError
 from slurm import queue
-from slurm.submit import RUNS_ROOT, job_of, read_record
+from slurm.submit import job_of, read_record
 from sweeps import expand
 
 
@@ -32,15 +37,21 @@ def _steps(rd: RunDir) -> int:
 
 
 def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | None = None) -> list[dict]:
-    """One dict per run: run_id, arm, state, job, sacct, steps, attempts, error."""
+    """One dict per run: run_id, arm, state, job, sacct, steps, attempts, error. Never raises on a folder."""
     root = Path(out_root) if out_root else RUNS_ROOT
     specs = expand(sweep, preset=preset)
     out = []
     for s in specs:
         rd = RunDir(root / s.sweep / s.run_id)
         st = rd.status() or {}
-        state = st.get("state") or ("queued" if read_record(rd.path) else "-")
+        state = st.get("state") or ("submitted" if read_record(rd.path) else "-")
         error = (st.get("error") or "").splitlines()[-1:] if state != "done" else []
+        try:
+            rd.config_hash()
+        except RunFolderError as e:
+            state, error = BAD, [str(e)]
+        if state == BAD:
+            error = error or [st["problem"]]
         out.append(
             {
                 "run_id": s.run_id,
@@ -57,9 +68,32 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
         states = queue.sacct_states(jobs) if jobs else {}
     except queue.QueueError:
         states = None
+    live = None
+    if states is None and any(r["state"] in ("submitted", "running") for r in out):
+        try:
+            live = queue.live_jobs()
+        except queue.QueueError:
+            live = None
     for r in out:
         r["sacct"] = "n/a" if states is None else states.get(r["job"], "-") if r["job"] else "-"
+        r["state"] = _reconcile(r["state"], r["job"], states, live)
     return out
+
+
+def _reconcile(state: str, job: str | None, sacct: dict | None, live: dict | None) -> str:
+    """The folder's state, corrected by what SLURM knows where the folder cannot record it (see the module doc)."""
+    if state not in ("submitted", "running") or not job:
+        return state
+    if sacct is not None and job in sacct:
+        ended = sacct[job] not in queue.LIVE_STATES
+        if state == "submitted":
+            return f"not started (job {sacct[job]})" if ended else "queued"
+        return f"stopped (job {sacct[job]})" if ended else state
+    if live is not None:  # no accounting: squeue still says whether the job is there
+        if state == "submitted":
+            return "queued" if job in live else "not started (job gone)"
+        return state if job in live else "stopped (job gone)"
+    return state
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,11 @@
 Every run of the sweep is expanded and validated (sweeps.expand) and the site file is checked before anything is
 submitted. Run folders (results/runs/<sweep>/<run_id>, or --out-root) decide what is sent:
 done -> skipped; failed -> skipped unless --retry-failed; a run whose recorded job is still queued or running ->
-skipped; anything else (new, cancelled, a ``running`` folder whose job is gone) -> submitted, and it resumes from
-its folder. Each submitted folder gets ``slurm.json`` (job id, cluster, log folder) so the next submission and
+skipped; a folder whose status.json or config.yaml cannot be read -> skipped and reported (the rest of the sweep
+goes on); anything else (new, cancelled, a ``running`` folder whose job is gone) -> submitted, and it resumes from
+its folder. A config runs once: one that is done, or queued / running, in another folder under the root (another
+sweep with the same config) is skipped, and the line says where it is. Each submitted folder gets ``slurm.json``
+(job id, cluster, log folder) so the next submission and
 ``slurm.status`` know which job owns it. Resources per preset come from slurm/cluster.yaml (--site). Jobs are
 checkpointable: on preemption or time limit submitit requeues them and they resume (slurm/jobs.py).
 ``--cluster local`` runs the jobs as local processes (at most --max-parallel at once) and ``debug`` in this process;
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import sys
@@ -32,19 +34,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from experiments.config import ConfigError
-from experiments.rundir import REPO_ROOT, RunDir, atomic_write_text
+from experiments.config import ConfigError, load_yaml
+from experiments.rundir import (
+    BAD,
+    RECORD,
+    REPO_ROOT,
+    RUNS_ROOT,
+    RunDir,
+    RunFolderError,
+    atomic_write_text,
+    runs_by_hash,
+)
 from slurm import queue
 from slurm.jobs import RunJob
 from sweeps import RunSpec, SweepError, expand, sweep_path
 
-RUNS_ROOT = REPO_ROOT / "results" / "runs"
 LOG_ROOT = REPO_ROOT / "logs" / "submitit"
 SITE_FILE = Path(__file__).resolve().parent / "cluster.yaml"
 CLUSTERS = ("slurm", "local", "debug")
-RECORD = "slurm.json"
 SITE_KEYS = {
     "partition": (str, type(None)),
     "account": (str, type(None)),
@@ -65,10 +72,11 @@ _MINIMUM = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 0.1, "
 def load_site(path: str | Path | None = None) -> dict[str, Any]:
     """{"default": {...}, "presets": {name: {...}}} from slurm/cluster.yaml (or ``path`` / $NSR_SLURM_SITE)."""
     path = Path(path or os.environ.get("NSR_SLURM_SITE") or SITE_FILE)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such site file (slurm/cluster.yaml)") from None
+    if not path.exists():
+        raise ConfigError(f"{path}: no such site file (slurm/cluster.yaml)")
+    data = load_yaml(path)  # duplicate keys refused
+    if data is None:
+        raise ConfigError(f"{path}: empty site file; allowed: `default` and `presets` sections (slurm/cluster.yaml)")
     if not isinstance(data, dict) or set(data) - {"default", "presets"}:
         raise ConfigError(f"{path}: top-level keys allowed: default, presets")
     presets = data.get("presets") or {}
@@ -122,25 +130,9 @@ class Decision:
     reason: str
 
 
-def _locked(path: Path) -> bool:
-    """True if a process holds the run folder's lock (experiments.run is running it on this machine)."""
-    lock = path / ".lock"
-    if not lock.exists():
-        return False
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
-
-
 def read_record(out: Path) -> dict:
-    try:
-        return json.loads((out / RECORD).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+    """The folder's slurm.json ({} if absent or unreadable)."""
+    return RunDir(out).job_record()
 
 
 def job_of(out: Path) -> str | None:
@@ -151,23 +143,55 @@ def job_of(out: Path) -> str | None:
     st = RunDir(out).status() or {}
     if st.get("slurm_array_job_id") and st.get("slurm_array_task_id"):
         return f"{st['slurm_array_job_id']}_{st['slurm_array_task_id']}"
-    return st.get("slurm_job_id")
+    job = st.get("slurm_job_id")
+    return str(job) if job else None
+
+
+def _busy_elsewhere(spec: RunSpec, folder: Path, index: dict, live: dict[str, str] | None) -> str | None:
+    """Why ``spec`` need not run: its config is done, or queued / running, in another folder (None if not)."""
+    others = [p for p in index.get(spec.config.run_hash(), []) if p.resolve() != folder.resolve()]
+    for p in others:
+        if RunDir(p).state() == "done":
+            return f"done in {p} (the same config)"
+    for p in others:
+        job = job_of(p)
+        if job and live is not None and job in live:
+            return f"job {job} is {live[job]} in {p} (the same config)"
+        if RunDir(p).locked():
+            return f"running in {p} (the same config; its folder is locked)"
+    return None
 
 
 def plan(specs: list[RunSpec], out_root: Path, retry_failed: bool, live: dict[str, str] | None) -> list[Decision]:
-    """What to do with each run. ``live`` = {job id: state} of queued/running jobs (None: not known)."""
+    """What to do with each run. ``live`` = {job id: state} of queued/running jobs (None: not known).
+
+    Never raises on a folder's content: a folder whose files cannot be read is skipped with the reason.
+    """
     out = []
+    index = runs_by_hash(out_root)
     for spec in specs:
         folder = out_root / spec.sweep / spec.run_id
-        state = RunDir(folder).state()
+        rd = RunDir(folder)
+        st = rd.status() or {}
+        state = st.get("state")
+        try:
+            rd.config_hash()
+            bad = st.get("problem") if state == BAD else None
+        except RunFolderError as e:
+            bad = str(e)
         job = job_of(folder)
+        elsewhere = None if state == "done" or bad else _busy_elsewhere(spec, folder, index, live)
         if state == "done":
             out.append(Decision(spec, folder, False, "done"))
+        elif bad:
+            out.append(Decision(spec, folder, False, f"bad folder, not touched: {bad}"))
+        elif elsewhere:
+            out.append(Decision(spec, folder, False, elsewhere))
         elif state == "failed" and not retry_failed:
             out.append(Decision(spec, folder, False, "failed (--retry-failed reruns it)"))
         elif job and live is not None and job in live:
             out.append(Decision(spec, folder, False, f"job {job} is {live[job]}"))
-        elif _locked(folder):
+        elif rd.locked():
             out.append(Decision(spec, folder, False, "running here (its folder is locked)"))
         elif state is None and not job:
             out.append(Decision(spec, folder, True, "new"))

@@ -34,7 +34,8 @@ axis, sweep factor labels, arm, the arm's factor labels, grid values, seed; a nu
 Pairing rule for the analysis: a run is compared with the baseline arm's run of the same seed whose point agrees on
 the baseline's own axes (a baseline without axes pairs with every point; preset is in the point when it is an axis).
 
-Every error (unknown key, wrong type or range, unknown preset or rule, empty grid, duplicate run) is a
+Every error (unknown key, a key given twice, wrong type or range, unknown preset or rule, empty grid, duplicate run)
+is a
 :class:`SweepError` naming the file, the key and the allowed values, raised before anything runs.
 """
 
@@ -224,7 +225,7 @@ def _axis_keys(grid: dict, factors: dict) -> list[tuple[str, str]]:
 def load_sweep(sweep: str | Path) -> Sweep:
     """Parse and structurally check a sweep file (no preset is read; :func:`expand` validates the runs)."""
     path = sweep_path(sweep)
-    data = read_yaml(path)
+    data = read_yaml(path, what="sweep")  # duplicate keys and an empty file refused
     unknown = [k for k in data if k not in TOP_KEYS]
     if unknown:
         raise SweepError(f"{path}: unknown key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")

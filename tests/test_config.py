@@ -33,7 +33,7 @@ def test_explicit_defaults_hash_like_implicit_ones():
         (["loss.rule=nope"], r"loss\.rule='nope'.*allowed: hard, nsr"),
         (["train.lrr=1"], r"unknown key 'train\.lrr'; allowed keys in train: steps, lr"),
         (["bogus=1"], r"unknown key 'bogus'"),
-        (["train.lr=abc"], r"train\.lr='abc'.*a number"),
+        (["train.lr=abc"], r"train\.lr='abc'.*a finite number"),
         (["seed=1.5"], r"seed=1\.5.*an integer"),
         (["loss.delta=2"], r"loss\.delta=2\.0.*0 <= delta < 1"),
         (["rollout.samples_per_prompt=1"], r"rollout\.samples_per_prompt=1.*>= 2"),

@@ -25,7 +25,7 @@ SHORT = ["train.steps=3", "eval.every=0", "eval.n_prompts=8", "eval.n_samples=2"
         (["rollout.max_new_tokens=4"], r"rollout\.max_new_tokens=4 is not valid; allowed: >= 6"),
         (["eval.n_prompts=1000"], r"eval\.n_prompts=1000 is not valid; allowed: <= 512"),
         (["train.minibatches=3"], r"train\.minibatches=3 is not valid; allowed: a divisor of .* = 128"),
-        (["loss.delta=1.5"], r"loss\.delta=1\.5 is not valid; allowed: 0 <= delta < 1"),
+        (["loss.delta=1.5"], r"loss\.delta=1\.5 is not valid; allowed: .*0 <= delta < 1"),
         (["train.lrr=1"], r"unknown key 'train\.lrr'"),
         (["seed=x"], r"seed='x' is not valid; allowed: an integer"),
     ],
