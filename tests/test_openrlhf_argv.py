@@ -32,7 +32,8 @@ def assert_parsed_equals_config(args, cfg, run_dir: Path, run_id: str):
     assert (args.data.input_key, args.data.label_key) == ("prompt", "label")
     assert args.data.apply_chat_template is cfg.task.chat_template
     assert args.data.max_len == cfg.task.max_prompt_len + r.max_new_tokens
-    assert args.data.max_samples == t.steps * r.prompts_per_step and args.train.num_episodes == 1
+    headroom = 3 if o.dynamic_filtering else 1  # filtered prompts are replaced: the loader holds 3x as many
+    assert args.data.max_samples == t.steps * r.prompts_per_step * headroom and args.train.num_episodes == 1
     assert args.reward.remote_url == [str(REWARD_FILE)]
     assert args.rollout.batch_size == r.prompts_per_step
     assert args.rollout.n_samples_per_prompt == r.samples_per_prompt
@@ -47,8 +48,11 @@ def assert_parsed_equals_config(args, cfg, run_dir: Path, run_id: str):
     assert tuple(args.actor.adam.betas) == tuple(t.adam_betas)
     assert args.actor.adam.weight_decay == t.weight_decay
     assert args.actor.max_norm == t.grad_clip
-    assert args.actor.lr_scheduler == o.lr_scheduler and args.actor.lr_warmup_ratio == o.lr_warmup_ratio
-    assert args.actor.entropy_coef == t.entropy_coef  # 0.0, not None: entropy is logged
+    # OpenRLHF's schedule length is max_samples x samples / batch: the warmup still lasts ratio x train.steps
+    assert args.actor.lr_scheduler == o.lr_scheduler
+    assert args.actor.lr_warmup_ratio * args.data.max_samples == pytest.approx(o.lr_warmup_ratio * t.steps * r.prompts_per_step)
+    # None unless a bonus is asked for: any value makes OpenRLHF keep a (tokens x vocab) fp32 tensor
+    assert args.actor.entropy_coef == (t.entropy_coef or None)
     assert args.actor.policy_loss_type == {"token": "ppo", "sequence": "gspo"}[loss.level]
     assert args.actor.loss_agg_mode == t.agg_mode
     assert tuple(args.actor.eps_clip_low_high) == (loss.eps_low, loss.eps_high)
@@ -67,6 +71,7 @@ def assert_parsed_equals_config(args, cfg, run_dir: Path, run_id: str):
     assert args.algo.dynamic_filtering_enable is o.dynamic_filtering
     assert args.reward.overlong_buffer_len == (o.overlong_buffer_len or None)
     assert args.ckpt.save_steps == o.save_steps and args.ckpt.save_hf and args.ckpt.load_enable
+    assert args.ckpt.max_num >= 2  # a preemption while one is written leaves the previous one
     assert Path(args.ckpt.path) == run_dir / "ckpt"
     assert Path(args.logger.tensorboard_dir) == run_dir / "tensorboard" and args.logger.wandb.run_name == run_id
     assert args.logger.wandb.key is None  # offline: TensorBoard only
@@ -79,8 +84,9 @@ def _check_command(cfg, tmp_path):
     assert rest == cmd.openrlhf_argv  # the launcher hands OpenRLHF exactly openrlhf_argv
     level = cfg.loss.level
     assert settings.loss_config(cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.dual_clip, level) == cfg.loss
-    assert settings.advantage_config() == cfg.advantages
+    assert settings.advantages == cfg.advantages
     assert Path(settings.metrics_path) == tmp_path / "run" / "metrics.jsonl"
+    assert settings.max_steps == cfg.train.steps  # every arm stops at train.steps
     args = parse(cmd.openrlhf_argv)  # OpenRLHF's parser and every check of its __main__ block
     assert_parsed_equals_config(args, cfg, tmp_path / "run", "run-1234abcd")
     return args
@@ -104,7 +110,8 @@ def test_every_preset_and_rule_is_accepted_by_openrlhf(preset, rule, tmp_path):
     [
         ["advantages.kind=no_std"],
         ["advantages.kind=positive_only", "advantages.noise=0.5", "advantages.noise_mode=add"],
-        ["advantages.kind=random_reward"],
+        ["advantages.kind=random_reward", "openrlhf.dynamic_filtering=false", "openrlhf.overlong_buffer_len=0"],
+        ["train.entropy_coef=0.001"],
         ["loss.dual_clip=3.0", "train.kl_coef=0.001", "seed=7"],
         ["openrlhf.colocate_all=false", "openrlhf.dynamic_filtering=false", "openrlhf.overlong_buffer_len=0"],
         ["train.epochs=2", "task.chat_template=false", "openrlhf.gradient_checkpointing=false"],
@@ -131,6 +138,14 @@ REFUSALS = [
     (["openrlhf.extra_args=[--nsr.rule, nsr]"], "OpenRLHF flags only"),
     (["task.train_data=''"], "task.train_data='' is not valid"),
     (["openrlhf.overlong_buffer_len=3072"], "overlong_buffer_len=3072 is not valid"),
+    # the random-reward control must be prompt- and length-neutral
+    (["advantages.kind=random_reward"], "random_reward with dynamic filtering.*allowed: openrlhf.dynamic_filtering"),
+    (
+        ["advantages.kind=random_reward", "openrlhf.dynamic_filtering=false"],
+        "random_reward with an overlong penalty.*allowed: openrlhf.overlong_buffer_len=0",
+    ),
+    (["eval.every=30"], "eval.every=30 is not valid with openrlhf.save_steps=50.*allowed: a multiple of 50"),
+    (["openrlhf.lr_scheduler=cosine_with_min_lr"], "lr_scheduler='cosine_with_min_lr' with openrlhf.dynamic_filtering"),
 ]
 
 

@@ -46,7 +46,7 @@ GLOBAL = [
 @pytest.mark.parametrize("dual_clip", [None, 3.0])
 @pytest.mark.parametrize("token_level_loss", [True, False])
 @pytest.mark.parametrize("norm", range(len(GLOBAL)))
-@pytest.mark.parametrize("settings", [None, NSRSettings(rule="nsr", delta=0.0), NSRSettings(rule="soft", delta=0.0)])
+@pytest.mark.parametrize("settings", [None, NSRSettings.make(rule="nsr", delta=0.0), NSRSettings.make(rule="soft", delta=0.0)])
 def test_equals_policy_loss(level, dual_clip, token_level_loss, norm, settings):
     eps = (0.2, 0.28) if level == "token" else (3e-4, 4e-4)
     kwargs = dict(
@@ -77,7 +77,7 @@ def test_equals_policy_loss(level, dual_clip, token_level_loss, norm, settings):
 def test_nsr_rescues_what_policy_loss_zeroes():
     logp, old, adv, mask = _case("token", 0)
     ref = _run(orl.PolicyLoss(0.2, 0.28), logp, old, adv, mask)
-    fn = NSRPolicyLoss(0.2, 0.28, settings=NSRSettings(rule="nsr", delta=0.2), seed=1)
+    fn = NSRPolicyLoss(0.2, 0.28, settings=NSRSettings.make(rule="nsr", delta=0.2), seed=1)
     fn.sink = {}
     ours = _run(fn, logp, old, adv, mask)
     ratio = (logp - old).exp()
@@ -89,23 +89,47 @@ def test_nsr_rescues_what_policy_loss_zeroes():
     n_valid = mask.sum().item()
     assert fn.sink["nsr_rescue_frac"].item() == pytest.approx(rescued.sum().item() / n_valid)
     assert fn.sink["nsr_clip_frac"].item() == pytest.approx(clipped.sum().item() / n_valid)
-    assert set(fn.sink) == {f"nsr_{k}" for k in nsr.METRIC_KEYS}
+    assert set(fn.sink) == {f"nsr_{k}" for k in nsr.METRIC_KEYS} | {"nsr_entropy_mc"}
     assert ours[2].item() == pytest.approx(ref[2].item())  # clip_ratio counts what the judge dropped
 
 
 def test_hard_logs_the_same_metrics_as_the_other_rules():
-    case = _case("token", 1)
+    logp, old, adv, mask = _case("token", 1)
     fn = NSRPolicyLoss(0.2, 0.28)
     fn.sink = {}
-    _, _, clip, *_ = _run(fn, *case)
+    _, _, clip, *_ = _run(fn, logp, old, adv, mask)
     assert fn.sink["nsr_rescue_frac"].item() == 0.0
-    low, high = fn.sink["nsr_clip_frac_low"].item(), fn.sink["nsr_clip_frac_high"].item()
-    assert low > 0 and high > 0 and low + high == pytest.approx(clip.item())
+    # each side counted by hand: A < 0 below 1 - 0.2, A > 0 above 1 + 0.28, over the valid tokens
+    ratio, n = (logp - old).exp(), mask.sum().item()
+    low = (mask & (adv < 0) & (ratio < 0.8)).sum().item() / n
+    high = (mask & (adv > 0) & (ratio > 1.28)).sum().item() / n
+    assert low > 0 and high > 0
+    assert fn.sink["nsr_clip_frac_low"].item() == pytest.approx(low)
+    assert fn.sink["nsr_clip_frac_high"].item() == pytest.approx(high)
+    assert clip.item() == pytest.approx(low + high)  # OpenRLHF's own clip ratio agrees
+
+
+def test_entropy_estimate_is_the_mean_surprisal_of_the_sampled_tokens():
+    """nsr_entropy_mc (the cluster's logged entropy, no full-vocabulary tensor): for tokens drawn from p it is the
+    mean of -log p(token), whose expectation is the entropy of p."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 7, generator=g)  # 64 positions, vocabulary 7
+    logp_all = logits.log_softmax(-1)
+    tokens = torch.multinomial(logp_all.exp(), 400, replacement=True, generator=g)  # (64, 400)
+    old = logp_all.gather(1, tokens)
+    mask = torch.ones_like(old, dtype=torch.bool)
+    mask[:, 300:] = False  # padding is left out
+    fn = NSRPolicyLoss(0.2, 0.28)
+    fn.sink = {}
+    fn(old.clone(), old, torch.ones_like(old), action_mask=mask)
+    assert fn.sink["nsr_entropy_mc"].item() == pytest.approx(-old[:, :300].mean().item(), rel=1e-6)
+    entropy = -(logp_all.exp() * logp_all).sum(-1).mean().item()
+    assert fn.sink["nsr_entropy_mc"].item() == pytest.approx(entropy, abs=0.03)
 
 
 def test_streams_are_seeded_by_seed_rank_step_and_micro_step():
     case = _case("token", 2)
-    settings = NSRSettings(rule="nsr", delta=0.3)
+    settings = NSRSettings.make(rule="nsr", delta=0.3)
 
     def grads(seed=0, rank=0, step=1, micro=0):
         fn = NSRPolicyLoss(0.2, 0.28, settings=settings, seed=seed, rank=rank)
@@ -122,7 +146,7 @@ def test_streams_are_seeded_by_seed_rank_step_and_micro_step():
 
 def test_bad_settings_fail_at_construction():
     with pytest.raises(ValueError, match="LossConfig.rule='nsrr' is not valid; allowed: hard, nsr"):
-        NSRSettings(rule="nsrr")  # validated where the launcher parses it, before any model loads
+        NSRSettings.make(rule="nsrr")  # validated where the launcher parses it, before any model loads
     with pytest.raises(ValueError, match="is_correction_level='token'.*only supported with --nsr.rule hard"):
-        NSRPolicyLoss(is_correction_level="token", settings=NSRSettings(rule="nsr"))
+        NSRPolicyLoss(is_correction_level="token", settings=NSRSettings.make(rule="nsr"))
     NSRPolicyLoss(is_correction_level="token")  # hard keeps OpenRLHF's IS correction

@@ -1,9 +1,9 @@
 """RunConfig -> the launcher command ``python -m nsr.openrlhf.launch --nsr.* ... <OpenRLHF 0.11.2 flags>``.
 
 Pure: imports neither openrlhf, Ray nor vLLM, so ``python -m experiments.run --sweep S --dry-run`` works anywhere.
-Every RunConfig field that matters on the cluster maps to one OpenRLHF dotted flag (notes/openrlhf.md section 4) or
-to one ``--nsr.*`` flag (nsr/openrlhf/settings.py); the tests parse ``openrlhf_argv`` with OpenRLHF's real parser
-and compare every value with the RunConfig.
+Every RunConfig field that matters on the cluster maps to one OpenRLHF dotted flag (docs/cluster.md) or to one
+``--nsr.*`` flag (nsr/openrlhf/settings.py; the level and estimator maps are nsr/openrlhf/mapping.py); the tests parse
+``openrlhf_argv`` with OpenRLHF's real parser and compare every value with the RunConfig.
 
     from experiments.openrlhf.argv import build_command
     cmd = build_command(cfg, run_dir="results/runs/main/<run_id>", run_id="<run_id>")
@@ -12,7 +12,9 @@ and compare every value with the RunConfig.
 
 Refused with a ConfigError naming the keys (before anything starts): one optimizer step per rollout (the clip never
 fires, so every arm would equal the baseline), batch sizes OpenRLHF/DeepSpeed cannot split, GSPO with token-mean,
-colocation with a GPU count vLLM does not fill, extra_args that repeat a flag set from a field.
+colocation with a GPU count vLLM does not fill, extra_args that repeat a flag set from a field, a random-reward
+control with dynamic filtering or the overlong penalty, an eval.every that is not a checkpoint step, a decaying
+learning-rate schedule stretched by the prompt rows dynamic filtering needs (experiments/openrlhf/plan.py).
 """
 
 from __future__ import annotations
@@ -22,22 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.config import ConfigError, RunConfig
-from experiments.rundir import REPO_ROOT
+from experiments.openrlhf.plan import CKPT_MAX_NUM, rows_needed, train_data_path
+from nsr.openrlhf.mapping import ESTIMATOR, LOSS_TYPE, check_random_reward
 from nsr.openrlhf.settings import NSRSettings
 
 LAUNCHER = "nsr.openrlhf.launch"
 REWARD_FILE = Path(__file__).resolve().with_name("reward.py")
 INPUT_KEY, LABEL_KEY = "prompt", "label"  # the keys experiments.openrlhf.data writes
-
-# nsr.AdvantageConfig.kind -> OpenRLHF estimator. positive_only and random_reward are group_norm plus the launcher's
-# controller-side transform (nsr/openrlhf/actors.py); no_std is Dr. GRPO's r - mean, OpenRLHF's dr_grpo.
-ESTIMATOR = {
-    "group_norm": "group_norm",
-    "no_std": "dr_grpo",
-    "positive_only": "group_norm",
-    "random_reward": "group_norm",
-}
-LOSS_TYPE = {"token": "ppo", "sequence": "gspo"}
+CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 
 
 @dataclass(frozen=True)
@@ -123,6 +117,29 @@ def check(cfg: RunConfig) -> None:
             f"openrlhf.overlong_buffer_len={o.overlong_buffer_len} is not valid; allowed: 0 (off) .. "
             f"rollout.max_new_tokens - 1 = {r.max_new_tokens - 1}"
         )
+    try:
+        check_random_reward(cfg.advantages.kind, o.dynamic_filtering, o.overlong_buffer_len)
+    except ValueError as e:
+        _fail(str(e))
+    if cfg.eval.every and cfg.eval.every % o.save_steps:
+        _fail(
+            f"eval.every={cfg.eval.every} is not valid with openrlhf.save_steps={o.save_steps}: the evaluator reads the "
+            f"HF checkpoints written every save_steps; allowed: a multiple of {o.save_steps}, or 0 (last step only)"
+        )
+    if o.dynamic_filtering and o.lr_scheduler not in CONSTANT_SCHEDULES:
+        _fail(
+            f"openrlhf.lr_scheduler={o.lr_scheduler!r} with openrlhf.dynamic_filtering: OpenRLHF sizes the schedule "
+            f"from the prompt rows (x{rows_needed(cfg) // (t.steps * r.prompts_per_step)} train.steps with the "
+            f"filter's headroom), so a decay would stop early; allowed: {', '.join(CONSTANT_SCHEDULES)}"
+        )
+
+
+def warmup_ratio(cfg: RunConfig) -> float:
+    """``--actor.lr_warmup_ratio``: OpenRLHF takes the ratio of its schedule length, which it computes from
+    ``--data.max_samples`` (the rows, with the filter's headroom); rescaled so the warmup lasts
+    ``openrlhf.lr_warmup_ratio`` x ``train.steps`` RL steps."""
+    planned = cfg.train.steps * cfg.rollout.prompts_per_step
+    return cfg.openrlhf.lr_warmup_ratio * planned / rows_needed(cfg)
 
 
 def _num(v) -> str:
@@ -132,8 +149,7 @@ def _num(v) -> str:
 def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str, list[str]]]:
     """(flag, values) pairs of the OpenRLHF command; ``values`` is [] for a store_true flag."""
     o, r, t, loss = cfg.openrlhf, cfg.rollout, cfg.train, cfg.loss
-    data = Path(cfg.task.train_data)
-    data = data if data.is_absolute() else REPO_ROOT / data
+    data = train_data_path(cfg)
     flags: list[tuple[str, list[str]]] = [
         # model, data, reward
         ("--actor.model_name_or_path", [cfg.model.name]),
@@ -141,8 +157,9 @@ def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str
         ("--data.input_key", [INPUT_KEY]),
         ("--data.label_key", [LABEL_KEY]),
         ("--data.max_len", [str(cfg.task.max_prompt_len + r.max_new_tokens)]),
-        # RL steps: each step consumes prompts_per_step prompts, one episode over exactly steps x prompts
-        ("--data.max_samples", [str(t.steps * r.prompts_per_step)]),
+        # RL steps: the launcher stops at train.steps (--nsr.max_steps); the loader holds enough prompts for that
+        # even when dynamic filtering replaces filtered prompts (experiments/openrlhf/plan.py rows_needed)
+        ("--data.max_samples", [str(rows_needed(cfg))]),
         ("--train.num_episodes", ["1"]),
         ("--reward.remote_url", [str(REWARD_FILE)]),
         # rollout
@@ -161,8 +178,7 @@ def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str
         ("--actor.adam.weight_decay", [_num(t.weight_decay)]),
         ("--actor.max_norm", [_num(t.grad_clip)]),
         ("--actor.lr_scheduler", [o.lr_scheduler]),
-        ("--actor.lr_warmup_ratio", [_num(o.lr_warmup_ratio)]),
-        ("--actor.entropy_coef", [_num(t.entropy_coef)]),  # 0 still logs train/entropy_loss
+        ("--actor.lr_warmup_ratio", [_num(warmup_ratio(cfg))]),
         # policy loss (the region, level and dual clip drive NSRPolicyLoss too)
         ("--actor.policy_loss_type", [LOSS_TYPE[loss.level]]),
         ("--actor.loss_agg_mode", [t.agg_mode]),
@@ -182,12 +198,17 @@ def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str
         ("--ckpt.output_dir", [str(run_dir / "ckpt" / "final_hf")]),
         ("--ckpt.save_steps", [str(o.save_steps)]),
         ("--ckpt.save_hf", []),
-        ("--ckpt.max_num", ["1"]),
+        ("--ckpt.max_num", [str(CKPT_MAX_NUM)]),
         ("--ckpt.load_enable", []),
         ("--ckpt.best_metric_key", ["none"]),
         ("--logger.tensorboard_dir", [str(run_dir / "tensorboard")]),
         ("--logger.wandb.run_name", [run_id]),
     ]
+    if t.entropy_coef > 0:
+        # Only with a bonus: any value, 0 included, makes OpenRLHF keep a (tokens x vocabulary) fp32 entropy tensor
+        # through backward (~10 GB per micro-batch at 7B). The logged entropy is then NSRPolicyLoss's free
+        # Monte-Carlo estimate nsr_entropy_mc (experiments/openrlhf/metrics.py).
+        flags.append(("--actor.entropy_coef", [_num(t.entropy_coef)]))
     if cfg.task.chat_template:
         flags.append(("--data.apply_chat_template", []))
     if loss.dual_clip is not None:
@@ -216,18 +237,8 @@ def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str
 
 
 def nsr_settings(cfg: RunConfig, run_dir: Path) -> NSRSettings:
-    loss, adv = cfg.loss, cfg.advantages
-    return NSRSettings(
-        rule=loss.rule,
-        delta=loss.delta,
-        executor=loss.executor,
-        ratio_noise=loss.ratio_noise,
-        sapo_tau_pos=loss.sapo_tau_pos,
-        sapo_tau_neg=loss.sapo_tau_neg,
-        adv_kind=adv.kind,
-        adv_noise=adv.noise,
-        adv_noise_mode=adv.noise_mode,
-        metrics_path=str(run_dir / "metrics.jsonl"),
+    return NSRSettings.from_configs(
+        cfg.loss, cfg.advantages, metrics_path=str(run_dir / "metrics.jsonl"), max_steps=cfg.train.steps
     )
 
 

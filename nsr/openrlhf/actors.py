@@ -5,11 +5,13 @@
   ``args.nsr``), wraps the trainer's ``training_step`` so the loss writes its metrics into the micro-batch's
   ``experience.info`` (logged as ``train/nsr_*``), and tells the loss the RL step before each ``fit``.
 * ``NSRPPOTrainer`` (the single controller): wraps ``compute_advantages_and_returns`` with the advantage
-  interventions (nsr/openrlhf/interventions.py) and appends one metrics.jsonl row per RL step
-  (experiments/openrlhf/metrics.py) before OpenRLHF logs and checkpoints that step.
+  interventions (nsr/openrlhf/interventions.py), appends one metrics.jsonl row per RL step
+  (experiments/openrlhf/metrics.py) before OpenRLHF logs and checkpoints that step, and stops the run after
+  ``--nsr.max_steps`` RL steps (:func:`cap_steps`): OpenRLHF itself runs until its prompts run out, which with
+  dynamic filtering happens at an arm-dependent step.
 
 The loss lives only inside the actor processes, so patching the driver's module globals would not reach it
-(notes/openrlhf.md section 1); the subclasses are importable classes that Ray re-imports in every worker, and the
+(docs/cluster.md); the subclasses are importable classes that Ray re-imports in every worker, and the
 config rides in ``strategy.args.nsr``. Imports openrlhf, Ray and DeepSpeed: cluster (or test stubs) only.
 """
 
@@ -49,7 +51,10 @@ def policy_loss_kwargs(args) -> dict:
 
 
 def make_loss(args, rank: int | None = None) -> NSRPolicyLoss:
-    """The run's NSRPolicyLoss from OpenRLHF's parsed ``args`` (with ``args.nsr`` set by the launcher)."""
+    """The run's NSRPolicyLoss from OpenRLHF's parsed ``args`` (with ``args.nsr`` set by the launcher).
+
+    ``rank`` seeds the loss's random stream and must be the data-parallel rank: the global rank is that rank because
+    the launcher refuses ring attention and tensor parallelism (nsr/openrlhf/mapping.py check_parallelism)."""
     if rank is None:
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     return NSRPolicyLoss(**policy_loss_kwargs(args), settings=args.nsr, seed=args.train.seed, rank=rank)
@@ -85,6 +90,21 @@ class NSRPolicyModelActor(BasePolicyModelActor):
         return super().fit(kl_ctl)
 
 
+def cap_steps(generate_samples, steps_done, max_steps: int):
+    """``generate_samples`` (SamplesGenerator's bound method) that reports an exhausted loader, without generating,
+    once ``steps_done()`` reaches ``max_steps`` (0 = no cap): OpenRLHF's fit loop then ends the episode, and every
+    later one, at exactly ``max_steps`` RL steps."""
+    if not max_steps:
+        return generate_samples
+
+    def capped(**kwargs):
+        if steps_done() >= max_steps:
+            return [], None, 0, True  # (rollout samples, filter pass rate, prompts consumed, exhausted)
+        return generate_samples(**kwargs)
+
+    return capped
+
+
 class NSRPPOTrainer(BasePPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -92,18 +112,29 @@ class NSRPPOTrainer(BasePPOTrainer):
 
     def install_nsr(self, args) -> None:
         self._nsr_step = 0
+        self._nsr_done = 0  # RL steps finished (restored from the checkpoint on resume)
+        self.samples_generator.generate_samples = cap_steps(
+            self.samples_generator.generate_samples, lambda: self._nsr_done, args.nsr.max_steps
+        )
         maker = self.experience_maker
         maker.compute_advantages_and_returns = wrap_compute_advantages(
             maker.compute_advantages_and_returns,
-            args.nsr.advantage_config(),
+            args.nsr.advantages,
             args.train.seed,
             lambda: self._nsr_step,
         )
         self._nsr_metrics = Path(args.nsr.metrics_path) if args.nsr.metrics_path else None
 
+    def init_checkpoint_states(self):
+        states = super().init_checkpoint_states()
+        self._nsr_done = int(states.get("global_step", 0))
+        return states
+
     def train_step(self, rollout_samples, global_step: int):
-        self._nsr_step = global_step  # the step being made: seeds the advantage interventions
-        return super().train_step(rollout_samples, global_step)
+        self._nsr_step = global_step  # seeds the advantage interventions (same value on resume)
+        status, done = super().train_step(rollout_samples, global_step)
+        self._nsr_done = done
+        return status, done
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         # The row first: a crash before the checkpoint leaves a row the resumed run cuts (RunDir.truncate_logs).

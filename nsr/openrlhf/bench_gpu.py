@@ -65,7 +65,7 @@ def bench(B=512, T=8192, dtype="bfloat16", device="cuda", rules=("hard", "nsr", 
     kw = dict(clip_eps_low=0.2, clip_eps_high=0.28)
     losses = {"openrlhf": PolicyLoss(**kw)}
     for r in rules:
-        fn = NSRPolicyLoss(**kw, settings=NSRSettings(rule=r, ratio_noise=0.1 if r.endswith("_decision") else 0.0))
+        fn = NSRPolicyLoss(**kw, settings=NSRSettings.make(rule=r, ratio_noise=0.1 if r.endswith("_decision") else 0.0))
         fn.sink = {}
         losses[r] = fn
 

@@ -1,4 +1,4 @@
-"""Advantage interventions inside OpenRLHF's controller (method.md intervention 1 and the related controls).
+"""Advantage interventions inside OpenRLHF's controller (docs/method.md intervention 1 and the related controls).
 
 OpenRLHF computes advantages once per RL step in ``RemoteExperienceMaker.compute_advantages_and_returns``, in the
 PPOTrainer controller actor, so every epoch of the step sees the same values (as ``nsr.compute_advantages`` in the
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from nsr.config import AdvantageConfig
-from nsr.openrlhf.settings import stream_seed
+from nsr import seeds
 
 
 def _order(experiences) -> list[torch.Tensor]:
@@ -62,7 +62,7 @@ def transform_advantages(experiences, acfg: AdvantageConfig, generator: torch.Ge
 
 
 def step_generator(seed: int, rl_step: int) -> torch.Generator:
-    return torch.Generator().manual_seed(stream_seed("advantages", seed, rl_step))
+    return seeds.generator("advantages", seed, rl_step)
 
 
 def wrap_compute_advantages(original: Callable, acfg: AdvantageConfig, seed: int, rl_step: Callable[[], int]):

@@ -4,15 +4,15 @@
         <the flags of python -m openrlhf.cli.train_ppo_ray, OpenRLHF 0.11.2>
 
 One node: run it on the node (OpenRLHF starts a local Ray). SLURM / several nodes: start Ray on the nodes
-(slurm/), then run it on the head node with RAY_ADDRESS set, from the repo root on the shared file system (Ray adds
-the driver's working directory to every worker's path, which is how workers import ``nsr``). Normally it is not typed
-by hand: ``python -m experiments.run <preset or sweep>`` builds the command (experiments/openrlhf/argv.py), and
+(slurm/ray_cluster.py), then run it on the head node with RAY_ADDRESS set; every node imports ``nsr`` from the same
+installed package (``pip install -e .`` into a venv on the shared file system). Normally it is not typed by hand: ``python -m experiments.run <preset or sweep>`` builds the command (experiments/openrlhf/argv.py), and
 ``python -m experiments.run --sweep S --dry-run`` prints it.
 
-What it does, in order (notes/openrlhf.md section 1):
+What it does, in order (docs/cluster.md):
 1. refuses any openrlhf but 0.11.2;
 2. splits off the --nsr.* flags (nsr/openrlhf/settings.py) and parses the rest with OpenRLHF's own parser and checks
-   (nsr/openrlhf/cli.py), then refuses combinations the layer does not support, before Ray starts;
+   (nsr/openrlhf/cli.py), then refuses combinations the layer does not support (nsr/openrlhf/mapping.py), before
+   Ray starts;
 3. swaps in the actor subclasses (nsr/openrlhf/actors.py) and wraps ``openrlhf.utils.get_strategy`` so that
    ``args.nsr`` is set on the strategy that is pickled to every Ray actor;
 4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` with runpy: OpenRLHF's parse, checks, ray.init and train().
@@ -23,15 +23,18 @@ from __future__ import annotations
 import runpy
 import sys
 
+from nsr.openrlhf import mapping
 from nsr.openrlhf.reference import SUPPORTED_VERSION, installed_version
 from nsr.openrlhf.settings import NSRSettings
 
 CLI_MODULE = "openrlhf.cli.train_ppo_ray"
-LEVEL_OF_LOSS_TYPE = {"ppo": "token", "gspo": "sequence"}
+EXIT_REFUSED = 2
+"""Exit status of a refused command (as argparse's)."""
 
 
-class LaunchError(SystemExit):
-    """A refused command; the message says which flag and what is allowed. Exits with status 2, as argparse."""
+class LaunchError(Exception):
+    """A refused command; the message says which flag and what is allowed. ``main`` prints it and exits with
+    status 2 (EXIT_REFUSED), as argparse does."""
 
     def __init__(self, msg: str):
         super().__init__(f"nsr.openrlhf.launch: error: {msg}")
@@ -52,27 +55,27 @@ def check_version() -> None:
 
 def check_args(args, settings: NSRSettings) -> None:
     """Refuse OpenRLHF settings the NSR layer does not support (args: OpenRLHF's parsed, hierarchized args)."""
-    est = args.algo.advantage.estimator
-    want = "dr_grpo" if settings.adv_kind == "no_std" else "group_norm"
-    if est != want:
-        raise LaunchError(
-            f"--nsr.adv_kind {settings.adv_kind} needs --algo.advantage.estimator {want}, got {est}; allowed: {want}"
-        )
     if args.train.async_enable:
         raise LaunchError(
             "--train.async_enable is not supported by the NSR layer (it subclasses the synchronous "
             "PPOTrainer); allowed: leave it off"
         )
-    if settings.rule != "hard" and args.algo.advantage.is_correction_level != "off":
-        raise LaunchError(
-            f"--algo.advantage.is_correction_level {args.algo.advantage.is_correction_level} (vLLM IS correction) "
-            f"works with --nsr.rule hard only, got {settings.rule}; allowed: off"
-        )
+    kind = settings.advantages.kind
     lo, hi = args.actor.eps_clip_low_high
-    try:  # the rule's full config, exactly as every actor will build it
-        settings.loss_config(lo, hi, args.actor.dual_clip, LEVEL_OF_LOSS_TYPE[args.actor.policy_loss_type])
+    try:
+        mapping.check_estimator(kind, args.algo.advantage.estimator)
+        mapping.check_is_correction(settings.rule, args.algo.advantage.is_correction_level)
+        mapping.check_parallelism(args.ds.ring_attn_size, args.ds.tensor_parallel_size)
+        mapping.check_random_reward(kind, args.algo.dynamic_filtering_enable, args.reward.overlong_buffer_len)
+        # the rule's full config, exactly as every actor will build it
+        settings.loss_config(lo, hi, args.actor.dual_clip, mapping.level_of(args.actor.policy_loss_type))
     except ValueError as e:
         raise LaunchError(str(e)) from None
+    if args.ckpt.load_enable and args.ckpt.max_num < 2:
+        raise LaunchError(
+            f"--ckpt.max_num={args.ckpt.max_num} with --ckpt.load_enable: OpenRLHF deletes the old checkpoint "
+            "before writing the new one, so a preemption in between leaves nothing to resume from; allowed: >= 2"
+        )
 
 
 def install(settings: NSRSettings) -> None:
@@ -92,8 +95,8 @@ def install(settings: NSRSettings) -> None:
     openrlhf.utils.get_strategy = get_strategy  # the CLI does `from openrlhf.utils import get_strategy` at exec
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def prepare(argv: list[str]) -> tuple[NSRSettings, list[str]]:
+    """Every check of the command line, before Ray starts: (settings, OpenRLHF's argv). Raises LaunchError."""
     check_version()
     try:
         settings, rest = NSRSettings.parse(argv)
@@ -106,6 +109,16 @@ def main(argv: list[str] | None = None) -> None:
     except CLIError as e:
         raise LaunchError(str(e)) from None
     check_args(args, settings)
+    return settings, rest
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        settings, rest = prepare(argv)
+    except LaunchError as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(EXIT_REFUSED) from None
     install(settings)
     sys.argv = [CLI_MODULE, *rest]
     runpy.run_module(CLI_MODULE, run_name="__main__", alter_sys=True)

@@ -5,10 +5,14 @@ so it drops into ``ActorPPOTrainer.actor_loss_fn`` (trainer/ray/ppo_actor.py:76)
 parent: baselines are OpenRLHF bit for bit. Other rules compute the per-token loss with ``nsr.policy_loss`` and
 reduce it with OpenRLHF's own ``aggregate_loss`` (global token-mean across gradient accumulation and DP ranks).
 
-Randomness: a ``torch.Generator`` on the loss device, seeded from (train seed, DP rank, RL step, micro-step)
-(:func:`nsr.openrlhf.settings.stream_seed`); the actor sets the RL step before each ``fit`` (nsr/openrlhf/actors.py).
+Randomness: a ``torch.Generator`` on the loss device, seeded from (train seed, data-parallel rank, RL step,
+micro-step) (:func:`nsr.seeds.derive_seed`); the actor sets the RL step before each ``fit`` (nsr/openrlhf/actors.py).
+Ring attention and DeepSpeed tensor parallelism (several ranks per sample) are refused by the launcher
+(nsr/openrlhf/mapping.py), so the data-parallel rank is the global rank.
 Metrics: every ``nsr.METRIC_KEYS`` value goes into ``self.sink`` (the micro-batch's ``experience.info``, set by the
-actor's ``training_step`` wrapper) as ``nsr_<key>``; OpenRLHF logs it as ``train/nsr_<key>``.
+actor's ``training_step`` wrapper) as ``nsr_<key>``; OpenRLHF logs it as ``train/nsr_<key>``. Also
+``nsr_entropy_mc``: the masked mean of -old_log_probs, a Monte-Carlo estimate of the rollout policy's token entropy
+(the tokens were sampled from it at temperature 1), free where OpenRLHF's own entropy needs a full-vocabulary tensor.
 
 On a GPU node the parent is the real ``openrlhf.models.loss.PolicyLoss``; where that package cannot be imported
 (no flash-attn, e.g. CPU CI) it is OpenRLHF's same file loaded by path (nsr.openrlhf.reference).
@@ -22,8 +26,10 @@ from importlib.util import find_spec
 import torch
 
 import nsr
+from nsr.openrlhf.mapping import check_is_correction, level_of
 from nsr.openrlhf.reference import load_loss_module
-from nsr.openrlhf.settings import NSRSettings, stream_seed
+from nsr.openrlhf.settings import NSRSettings
+from nsr.seeds import derive_seed
 
 
 def _loss_module():
@@ -44,15 +50,13 @@ _orl = _loss_module()
 PolicyLoss = _orl.PolicyLoss
 aggregate_loss = _orl.aggregate_loss
 
-LEVEL_OF_LOSS_TYPE = {"ppo": "token", "gspo": "sequence"}
-
 
 class NSRPolicyLoss(PolicyLoss):
     """OpenRLHF's PolicyLoss whose clip rule is ``nsr.rule``.
 
     Args: those of ``PolicyLoss`` (positional order kept), plus keyword-only
         settings: the run's NSRSettings (None = rule hard, i.e. exactly ``PolicyLoss``).
-        seed, rank: the training seed and this process's DP rank, for the random streams.
+        seed, rank: the training seed and this process's data-parallel rank, for the random streams.
     """
 
     def __init__(
@@ -83,16 +87,8 @@ class NSRPolicyLoss(PolicyLoss):
             is_correction_threshold=is_correction_threshold,
         )
         settings = settings or NSRSettings()
-        if policy_loss_type not in LEVEL_OF_LOSS_TYPE:
-            raise ValueError(f"policy_loss_type={policy_loss_type!r} is not valid; allowed: ppo, gspo")
-        self.cfg = settings.loss_config(
-            clip_eps_low, clip_eps_high, dual_clip, level=LEVEL_OF_LOSS_TYPE[policy_loss_type]
-        )
-        if self.cfg.rule != "hard" and is_correction_level != "off":
-            raise ValueError(
-                f"--algo.advantage.is_correction_level={is_correction_level!r} (vLLM IS correction) is only "
-                f"supported with --nsr.rule hard, got rule {self.cfg.rule!r}; allowed: off"
-            )
+        self.cfg = settings.loss_config(clip_eps_low, clip_eps_high, dual_clip, level=level_of(policy_loss_type))
+        check_is_correction(self.cfg.rule, is_correction_level)
         self.seed, self.rank = int(seed), int(rank)
         self.rl_step = 0
         self.micro_step = 0
@@ -106,14 +102,16 @@ class NSRPolicyLoss(PolicyLoss):
     def generator(self, device: torch.device) -> torch.Generator:
         """The seeded stream of the next micro-batch (advances the micro-step)."""
         g = torch.Generator(device=device)
-        g.manual_seed(stream_seed("loss", self.seed, self.rank, self.rl_step, self.micro_step))
+        g.manual_seed(derive_seed("loss", self.seed, self.rank, self.rl_step, self.micro_step))
         self.micro_step += 1
         return g
 
-    def _log(self, metrics: dict[str, torch.Tensor]) -> None:
+    def _log(self, metrics: dict[str, torch.Tensor], old_log_probs: torch.Tensor, mask: torch.Tensor) -> None:
         if self.sink is not None:
             for k, v in metrics.items():
                 self.sink[f"nsr_{k}"] = v.detach()
+            m = mask.to(old_log_probs.dtype)
+            self.sink["nsr_entropy_mc"] = (-(old_log_probs.detach() * m).sum() / m.sum().clamp(min=1)).float()
 
     def forward(
         self,
@@ -142,7 +140,7 @@ class NSRPolicyLoss(PolicyLoss):
             if self.sink is not None:  # the same metrics as every other rule, for the clip_frac_low/high split
                 with torch.no_grad():
                     _, metrics = nsr.policy_loss(log_probs.detach(), old_log_probs, advantages, mask, self.cfg)
-                self._log(metrics)
+                self._log(metrics, old_log_probs, mask)
             return out
         loss_tok, metrics = nsr.policy_loss(
             log_probs, old_log_probs, advantages, mask, self.cfg, generator=self.generator(log_probs.device)
@@ -155,7 +153,7 @@ class NSRPolicyLoss(PolicyLoss):
             batch_num_tokens=batch_num_tokens,
             global_batch_size=global_batch_size,
         )
-        self._log(metrics)
+        self._log(metrics, old_log_probs, mask)
         clip_ratio = metrics["clip_frac"].to(device=log_probs.device, dtype=torch.float32)
         ppo_kl = metrics["approx_kl"].to(log_probs.device)
         return loss, clip_ratio, ppo_kl, None, None

@@ -1,105 +1,161 @@
 """What the NSR layer adds to an OpenRLHF run: the ``--nsr.*`` flags of the launcher, as one frozen dataclass.
 
-The clip region, dual clip and level are NOT here: they come from OpenRLHF's own flags (``--actor.eps_clip_low_high``,
-``--actor.dual_clip``, ``--actor.policy_loss_type``), so one value drives both OpenRLHF and the rule. The launcher
-parses these flags, stores the object in ``args.nsr`` and it rides inside the pickled strategy to every Ray actor.
-Nothing here imports openrlhf, so the argv builder and a dry run work on a machine without it.
+The flags are generated from the fields of ``nsr.LossConfig`` (``--nsr.<field>``) and ``nsr.AdvantageConfig``
+(``--nsr.adv_<field>``), with the types of those fields (``typing.get_type_hints``: ``float | None`` accepts
+``None``, a ``Literal`` gives the choices), so a new config field becomes a flag without a second declaration.
+The clip region, dual clip and level have no flag: they come from OpenRLHF's own flags (``--actor.eps_clip_low_high``,
+``--actor.dual_clip``, ``--actor.policy_loss_type``; nsr/openrlhf/mapping.py), so one value drives both OpenRLHF and
+the rule. Two flags belong to the layer itself: ``--nsr.metrics_path`` and ``--nsr.max_steps``.
+
+The launcher parses the flags, stores the object in ``args.nsr`` and it rides inside the pickled strategy to every
+Ray actor. Nothing here imports openrlhf, so the argv builder and a dry run work on a machine without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-from dataclasses import dataclass
+import types
+import typing
+from dataclasses import dataclass, field
 
 from nsr.config import AdvantageConfig, LossConfig
+from nsr.openrlhf.mapping import FROM_OPENRLHF
 
 PREFIX = "--nsr."
+ADV_PREFIX = "adv_"
+
+LOSS_FIELDS = tuple(f for f in dataclasses.fields(LossConfig) if f.name not in FROM_OPENRLHF)
+"""LossConfig fields that are ``--nsr.<name>`` flags."""
+ADV_FIELDS = dataclasses.fields(AdvantageConfig)
+"""AdvantageConfig fields, flags ``--nsr.adv_<name>``."""
+
+
+def _converter(hint) -> tuple[typing.Callable[[str], object], tuple | None]:
+    """(str -> value, choices or None) for a field type: Literal, X | None, float, int, bool, str."""
+    if typing.get_origin(hint) is typing.Literal:
+        return str, typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        conv, choices = _converter(inner[0])
+        return (lambda s: None if s == "None" else conv(s)), choices
+    if hint is bool:
+        return (lambda s: {"true": True, "false": False}[s.lower()]), None
+    if hint in (int, float, str):
+        return hint, None
+    raise TypeError(f"no --nsr flag type for {hint!r}")
+
+
+def _flags() -> dict[str, tuple[object, dataclasses.Field, type]]:
+    """{flag name without prefix: (owner class, field, type)} for every --nsr flag."""
+    out = {}
+    for cls, fields, prefix in ((LossConfig, LOSS_FIELDS, ""), (AdvantageConfig, ADV_FIELDS, ADV_PREFIX)):
+        hints = typing.get_type_hints(cls)
+        for f in fields:
+            out[prefix + f.name] = (cls, f, hints[f.name])
+    hints = typing.get_type_hints(NSRSettings)
+    for f in dataclasses.fields(NSRSettings):
+        if f.name not in ("loss", "advantages"):
+            out[f.name] = (NSRSettings, f, hints[f.name])
+    return out
 
 
 @dataclass(frozen=True)
 class NSRSettings:
-    """The ``--nsr.<field>`` flags (defaults = plain OpenRLHF DAPO/GRPO behaviour, rule hard)."""
+    """The run's ``--nsr.*`` flags. Build one with :meth:`make` (flag names) or :meth:`from_configs`."""
 
-    rule: str = "hard"
-    """nsr.LossConfig.rule: one of nsr.RULES."""
-    delta: float | None = None
-    """Half-width of z ~ U(1 - delta, 1 + delta); None = the level default (0.2 token, 4e-4 sequence)."""
-    executor: str = "noisy"
-    ratio_noise: float = 0.0
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    adv_kind: str = "group_norm"
-    """nsr.AdvantageConfig.kind. group_norm / no_std are OpenRLHF's group_norm / dr_grpo estimators (the argv
-    builder picks the estimator); positive_only and random_reward are applied by the launcher's controller."""
-    adv_noise: float = 0.0
-    adv_noise_mode: str = "mult"
+    loss: dict = field(default_factory=dict)
+    """LossConfig keyword arguments given by flags (names of LOSS_FIELDS); the rest take LossConfig's defaults."""
+    advantages: AdvantageConfig = AdvantageConfig()
     metrics_path: str = ""
     """metrics.jsonl the controller appends one row per RL step to ('' = do not write one)."""
+    max_steps: int = 0
+    """Stop after this many RL steps (train.steps), whatever data is left (0 = when OpenRLHF's data ends)."""
 
     def __post_init__(self):
+        unknown = sorted(set(self.loss) - {f.name for f in LOSS_FIELDS})
+        if unknown:
+            raise ValueError(f"NSRSettings.loss has {unknown}; allowed: {', '.join(f.name for f in LOSS_FIELDS)}")
+        if not isinstance(self.max_steps, int) or self.max_steps < 0:
+            raise ValueError(f"--nsr.max_steps={self.max_steps!r} is not valid; allowed: an integer >= 0")
         self.loss_config()  # validate now (driver side), with nsr's own messages
-        self.advantage_config()
+
+    # ------------------------------------------------------------ constructors
+    @classmethod
+    def make(cls, **flags) -> NSRSettings:
+        """From flag names without the prefix, e.g. ``make(rule="nsr", delta=0.1, adv_kind="no_std")``."""
+        known = _flags()
+        bad = sorted(set(flags) - set(known))
+        if bad:
+            raise ValueError(f"unknown flag {PREFIX}{bad[0]}; allowed --nsr flags: {', '.join(PREFIX + k for k in known)}")
+        loss = {k: v for k, v in flags.items() if known[k][0] is LossConfig}
+        adv = {k[len(ADV_PREFIX) :]: v for k, v in flags.items() if known[k][0] is AdvantageConfig}
+        own = {k: v for k, v in flags.items() if known[k][0] is NSRSettings}
+        return cls(loss=loss, advantages=AdvantageConfig(**adv), **own)
+
+    @classmethod
+    def from_configs(cls, loss: LossConfig, advantages: AdvantageConfig, **own) -> NSRSettings:
+        """From a RunConfig's loss and advantages (the fields OpenRLHF's flags set are left out)."""
+        kw = {f.name: getattr(loss, f.name) for f in LOSS_FIELDS if getattr(loss, f.name) != f.default}
+        return cls(loss=kw, advantages=advantages, **own)
+
+    # ------------------------------------------------------------ the configs
+    @property
+    def rule(self) -> str:
+        return self.loss.get("rule", LossConfig.rule)
 
     def loss_config(
         self, eps_low: float | None = None, eps_high: float | None = None, dual_clip=None, level: str = "token"
     ) -> LossConfig:
         """The rule as an nsr.LossConfig, with the region and level OpenRLHF's flags give."""
-        return LossConfig(
-            rule=self.rule,
-            level=level,
-            eps_low=eps_low,
-            eps_high=eps_high,
-            delta=self.delta,
-            executor=self.executor,
-            ratio_noise=self.ratio_noise,
-            dual_clip=dual_clip,
-            sapo_tau_pos=self.sapo_tau_pos,
-            sapo_tau_neg=self.sapo_tau_neg,
-        )
+        return LossConfig(**self.loss, level=level, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
 
     def advantage_config(self) -> AdvantageConfig:
-        return AdvantageConfig(kind=self.adv_kind, noise=self.adv_noise, noise_mode=self.adv_noise_mode)
+        return self.advantages
 
     # ------------------------------------------------------------ flags
+    def values(self) -> dict[str, object]:
+        """{flag name: value} of every flag, set or default."""
+        out = {}
+        for name, (owner, f, _) in _flags().items():
+            if owner is LossConfig:
+                out[name] = self.loss.get(f.name, f.default)
+            elif owner is AdvantageConfig:
+                out[name] = getattr(self.advantages, f.name)
+            else:
+                out[name] = getattr(self, f.name)
+        return out
+
     def to_argv(self) -> list[str]:
-        """``--nsr.<field> VALUE`` for every field that differs from its default (a stable, minimal command)."""
+        """``--nsr.<flag> VALUE`` for every flag that differs from its default (a stable, minimal command)."""
         out = []
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if v != f.default:
-                out += [f"{PREFIX}{f.name}", str(v)]
+        for name, value in self.values().items():
+            if value != _flags()[name][1].default:
+                out += [f"{PREFIX}{name}", str(value)]
         return out
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        for f in dataclasses.fields(cls):
-            kind = float if f.type in ("float", "float | None") else str
-            parser.add_argument(f"{PREFIX}{f.name}", dest=f"nsr_{f.name}", type=kind, default=f.default)
-
-    @classmethod
-    def from_namespace(cls, ns: argparse.Namespace) -> NSRSettings:
-        return cls(**{f.name: getattr(ns, f"nsr_{f.name}") for f in dataclasses.fields(cls)})
+        for name, (_, f, hint) in _flags().items():
+            conv, choices = _converter(hint)
+            parser.add_argument(
+                f"{PREFIX}{name}", dest=f"nsr_{name}", type=conv, choices=choices, default=argparse.SUPPRESS
+            )
 
     @classmethod
     def parse(cls, argv: list[str]) -> tuple[NSRSettings, list[str]]:
         """(settings, the remaining argv) from a launcher command line; unknown --nsr.* flags are an error."""
-        parser = argparse.ArgumentParser(prog="python -m nsr.openrlhf.launch", add_help=False, allow_abbrev=False)
+        parser = argparse.ArgumentParser(
+            prog="python -m nsr.openrlhf.launch", add_help=False, allow_abbrev=False, exit_on_error=False
+        )
         cls.add_arguments(parser)
-        ns, rest = parser.parse_known_args(argv)
+        try:
+            ns, rest = parser.parse_known_args(argv)
+        except argparse.ArgumentError as e:
+            raise ValueError(str(e)) from None
         bad = [a for a in rest if a.startswith(PREFIX)]
         if bad:
-            names = ", ".join(PREFIX + f.name for f in dataclasses.fields(cls))
+            names = ", ".join(PREFIX + k for k in _flags())
             raise ValueError(f"unknown flag {bad[0].split('=')[0]!r}; allowed --nsr flags: {names}")
-        return cls.from_namespace(ns), rest
-
-
-def stream_seed(*parts: int | str) -> int:
-    """A 63-bit seed for a torch.Generator from a tuple like (train seed, rank, RL step, micro-step).
-
-    Hashing (not adding) keeps the streams of neighbouring tuples unrelated, and the value depends only on the
-    tuple, so a resumed run draws exactly what an uninterrupted one would.
-    """
-    blob = ":".join(str(p) for p in parts).encode()
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 1
+        given = {k[len("nsr_") :]: v for k, v in vars(ns).items()}
+        return cls.make(**given), rest
