@@ -1,4 +1,4 @@
-"""Group-relative advantages and the advantage interventions (method.md, intervention 1 and related controls)."""
+"""Group-relative advantages and the advantage interventions (docs/method.md, intervention 1 and related controls)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from nsr.config import AdvantageConfig
 from nsr.registry import Registry
 
-STD_EPS = 1e-9  # method.md: A = (R - mean_g) / (std_g + 1e-9), as OpenRLHF 0.11.2's group_norm
+STD_EPS = 1e-9  # docs/method.md: A = (R - mean_g) / (std_g + 1e-9), as OpenRLHF 0.11.2's group_norm
 
 Kind = Callable[[torch.Tensor, torch.Tensor, int, torch.Generator | None], torch.Tensor]
 ADVANTAGES: Registry[Kind] = Registry("AdvantageConfig.kind")
@@ -36,7 +36,7 @@ def group_norm(rewards, inverse, n_groups, generator):
 
 @ADVANTAGES.register("no_std")
 def no_std(rewards, inverse, n_groups, generator):
-    """Dr. GRPO: R - mean_g, no std normalization (method.md 1a)."""
+    """Dr. GRPO: R - mean_g, no std normalization (docs/method.md 1a)."""
     mean, _ = _group_stats(rewards, inverse, n_groups)
     return rewards - mean
 
@@ -69,7 +69,9 @@ def compute_advantages(
         generator: torch.Generator for random_reward and the noise (None = torch's global RNG).
 
     Returns:
-        (N,) advantages; the noise (one eps ~ N(0, 1) per response) is applied last, after normalization.
+        (N,) advantages; the noise (one eps ~ N(0, 1) per response, drawn for every response whatever the mode) is
+        applied last, after normalization: ``cfg.noise_mode`` mult, add (groups with a nonzero advantage only) or
+        add_all (every group).
     """
     if not isinstance(cfg, AdvantageConfig):
         raise TypeError(f"cfg must be nsr.AdvantageConfig, got {type(cfg).__name__}")
@@ -84,7 +86,15 @@ def compute_advantages(
     if rewards.numel() and int(counts.min()) < 2:
         raise ValueError("every group needs at least 2 responses for a group-relative advantage")
     adv = ADVANTAGES[cfg.kind](rewards, inverse, counts.numel(), generator)
-    if cfg.noise > 0:  # method.md 1b: scalar noise per response, applied after normalization
+    if cfg.noise > 0:  # docs/method.md 1b: scalar noise per response, applied after normalization
         eps = torch.randn(adv.shape, generator=generator, device=adv.device, dtype=adv.dtype)
-        adv = adv * (1.0 + cfg.noise * eps) if cfg.noise_mode == "mult" else adv + cfg.noise * eps
+        if cfg.noise_mode == "mult":
+            adv = adv * (1.0 + cfg.noise * eps)
+        elif cfg.noise_mode == "add_all":
+            adv = adv + cfg.noise * eps
+        else:  # add: a group whose advantages are all 0 carries no signal and gets none injected
+            nonzero = torch.zeros(counts.numel(), device=adv.device, dtype=adv.dtype).index_add_(
+                0, inverse, (adv != 0).to(adv.dtype)
+            )
+            adv = torch.where(nonzero[inverse] > 0, adv + cfg.noise * eps, adv)
     return adv

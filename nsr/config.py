@@ -1,7 +1,8 @@
 """The two configs of the method: :class:`LossConfig` (clip rule) and :class:`AdvantageConfig`.
 
 Both are frozen dataclasses validated at construction, so a bad sweep value fails before any work starts,
-with a ``ValueError`` that names the field and the allowed values.
+with a ``ValueError`` that names the field and the allowed values. Every number must be finite (NaN and inf are
+refused) and inside the range its docstring gives.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-# Level-dependent defaults (method.md, "Setting" and the GSPO [choice] on delta):
+# Level-dependent defaults (docs/method.md, "Setting" and the GSPO [choice] on delta):
 # token level = DAPO (eps 0.2 / 0.28, delta 0.2); sequence level = GSPO (eps 3e-4 / 4e-4, delta 4e-4).
 LEVEL_DEFAULTS = {
     "token": {"eps_low": 0.2, "eps_high": 0.28, "delta": 0.2},
@@ -24,9 +25,10 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean")
 
 
 def _number(cls: str, field: str, value, allowed: str, ok) -> None:
-    """Raise a ValueError naming ``cls.field`` and ``allowed`` unless ``value`` is a real number passing ``ok``."""
+    """Raise a ValueError naming ``cls.field`` and ``allowed`` unless ``value`` is a finite real number passing ``ok``
+    (NaN and +-inf are refused whatever ``ok`` says)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-        raise ValueError(f"{cls}.{field}={value!r} is not valid; allowed: {allowed}")
+        raise ValueError(f"{cls}.{field}={value!r} is not valid; allowed: a finite number with {allowed}")
 
 
 def _choice(cls: str, field: str, value, allowed) -> None:
@@ -36,11 +38,11 @@ def _choice(cls: str, field: str, value, allowed) -> None:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Which policy-gradient objective to use, and its parameters (method.md)."""
+    """Which policy-gradient objective to use, and its parameters (docs/method.md)."""
 
     rule: str = "hard"
     """Clip rule, one of ``nsr.RULES``: hard, nsr, soft, pushout, nsr_pushout, noisy_decision, clean_decision,
-    cispo, sapo."""
+    cispo, sapo, noclip."""
     level: Literal["token", "sequence"] = "token"
     """token: per-token ratio (PPO/GRPO/DAPO). sequence: GSPO ratio exp(mean_t log r_t) with sequence bounds."""
     eps_low: float | None = None
@@ -60,6 +62,12 @@ class LossConfig:
     """SAPO gate temperature for A > 0."""
     sapo_tau_neg: float = 1.05
     """SAPO gate temperature for A < 0."""
+    cispo_cap: float | None = 5.0
+    """CISPO's upper bound on its IS weight min(r, cispo_cap) (>= 1); CISPO has no lower bound. MiniMax-M1
+    (arXiv 2506.13585) sets no effective lower bound and tunes only the upper one; verl's CISPO example sets
+    clip_ratio_low 10 for that reason. The default 5.0 is the absolute cap TRL recommends for loss_type="cispo"
+    (its epsilon_high). None = 1 + eps_high, the cap of verl's cispo (clip_ratio_high on the eps scale).
+    Used by rule cispo only."""
 
     def __post_init__(self):
         from nsr.objectives import RULES  # the registry lives with the rules; imported late to avoid a cycle
@@ -83,9 +91,11 @@ class LossConfig:
                 f"allowed for rule={self.rule!r}: 0"
             )
         if self.dual_clip is not None:
-            _number(name, "dual_clip", self.dual_clip, "None or a number > 1", lambda v: v > 1)
+            _number(name, "dual_clip", self.dual_clip, "dual_clip > 1, or None (off)", lambda v: v > 1)
         _number(name, "sapo_tau_pos", self.sapo_tau_pos, "sapo_tau_pos > 0", lambda v: v > 0)
         _number(name, "sapo_tau_neg", self.sapo_tau_neg, "sapo_tau_neg > 0", lambda v: v > 0)
+        if self.cispo_cap is not None:
+            _number(name, "cispo_cap", self.cispo_cap, "cispo_cap >= 1, or None (1 + eps_high)", lambda v: v >= 1)
 
     @property
     def low(self) -> float:
@@ -101,12 +111,12 @@ class LossConfig:
         return dataclasses.replace(self, **changes)
 
 
-NOISE_MODES = ("mult", "add")
+NOISE_MODES = ("mult", "add", "add_all")
 
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """How rewards become advantages (method.md, intervention 1 and the related controls)."""
+    """How rewards become advantages (docs/method.md, intervention 1 and the related controls)."""
 
     kind: Literal["group_norm", "no_std", "positive_only", "random_reward"] = "group_norm"
     """group_norm: (R - mean_g) / (std_g + 1e-9) (GRPO/DAPO). no_std: R - mean_g (Dr. GRPO).
@@ -114,8 +124,11 @@ class AdvantageConfig:
     Bernoulli(0.5) coin flips, then group_norm (control)."""
     noise: float = 0.0
     """sigma of the per-response Gaussian noise applied after normalization (0 = off)."""
-    noise_mode: Literal["mult", "add"] = "mult"
-    """mult: A * (1 + sigma * eps); add: A + sigma * eps; eps ~ N(0, 1), one per response."""
+    noise_mode: Literal["mult", "add", "add_all"] = "mult"
+    """eps ~ N(0, 1), one per response. mult: A * (1 + sigma * eps). add: A + sigma * eps on the responses of groups
+    with a nonzero advantage, A unchanged (0) in groups without one, so the noise changes the magnitude of a signal
+    and never injects one. add_all: A + sigma * eps on every response, also giving random-sign advantages to groups
+    whose rewards were all equal (the other reading of additive noise)."""
 
     def __post_init__(self):
         from nsr.advantages import ADVANTAGES  # registry of kinds, imported late to avoid a cycle

@@ -1,4 +1,4 @@
-"""The analytic expected gradient weight of every rule (method.md, "Expected behaviour").
+"""The analytic expected gradient weight of every rule (docs/method.md, "Expected behaviour").
 
 ``w(r)`` is the expected gradient of a unit relative to its unclipped gradient ``-A r grad log pi``. For NSR with
 z ~ U(1 - delta, 1 + delta), c = 1 + eps_high, b = 1 - eps_low:
@@ -9,6 +9,10 @@ z ~ U(1 - delta, 1 + delta), c = 1 + eps_high, b = 1 - eps_low:
 
 All of these are one integral, ``E[z^p 1{r z inside on A's side}]`` with p = 1 when the executor carries the
 noise and p = 0 when it does not, which :func:`side_expectation` computes for any half-width.
+
+The ``weight_<rule>`` functions below are registered with their rule in ``nsr.objectives`` (``RULES.info(name)
+["weight"]``), so :func:`expected_weight` has exactly the rules of ``nsr.RULES``. Each takes ``(r, s, cfg)``:
+ratio and advantage sign as broadcast float tensors (s in {-1, 0, 1}).
 """
 
 from __future__ import annotations
@@ -18,60 +22,44 @@ import torch
 from nsr.config import LossConfig
 
 
+def clip_sides(ratio: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) bool masks of the units the hard clip drops (docs/method.md, "Setting"):
+    low: A < 0 and r < 1 - eps_low; high: A > 0 and r > 1 + eps_high. Shapes broadcast; A = 0 is never clipped."""
+    return (adv < 0) & (ratio < cfg.low), (adv > 0) & (ratio > cfg.high)
+
+
+def is_clipped(ratio: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """Bool mask: the hard clip drops the unit (A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low)."""
+    low, high = clip_sides(ratio, adv, cfg)
+    return low | high
+
+
 def side_expectation(ratio, sign, cfg: LossConfig, half_width: float, power: int) -> torch.Tensor:
-    """E[z^power * 1{ratio * z inside the region on the side of ``sign``}], z ~ U(1 - h, 1 + h).
+    """E[z^power * 1{ratio * z inside the region on the side of ``sign``}], z ~ U(1 - h, 1 + h), power 0 or 1.
 
-    A > 0 tests ``r z <= 1 + eps_high``; A < 0 tests ``r z >= 1 - eps_low``; sign 0 gives 1.
+    A > 0 tests ``r z <= 1 + eps_high``, i.e. z <= t = c / r; A < 0 tests ``r z >= 1 - eps_low``, i.e. z >= t = b / r.
+    With t clamped to [1 - h, 1 + h]: P(z <= t) = (t - (1-h)) / 2h, E[z 1{z <= t}] = (t^2 - (1-h)^2) / 4h, and the
+    mirror images for z >= t. Sign 0 gives 1; h = 0 gives 1 inside and 0 outside (z = 1).
     """
-    r, sign = _tensors(ratio, sign)
-    (w,) = _side_terms(r, (sign > 0).to(r.dtype), cfg, float(half_width), (power,))
-    return torch.where(sign == 0, 1.0, w)
-
-
-def clipped_expectations(ratio: torch.Tensor, pos: torch.Tensor, cfg: LossConfig, half_width: float, power: int):
-    """(P(rescue), E[z^power 1{rescue}]) of *clipped* units: :func:`side_expectation` at powers 0 and ``power``,
-    sharing the work (the soft rule calls this on its clipped tokens).
-
-    Args:
-        ratio: float tensor of ratios, each outside the region on its side (A > 0: r > hi; A < 0: r < lo).
-        pos: float tensor of the same shape, 1.0 where A > 0 and 0.0 where A < 0.
-    """
-    powers = (0,) if power == 0 else (0, power)
-    terms = _side_terms(ratio, pos, cfg, float(half_width), powers, clipped=True)
-    return terms[0], terms[-1]
-
-
-def _side_terms(r: torch.Tensor, pos: torch.Tensor, cfg: LossConfig, h: float, powers, clipped: bool = False):
-    """E[z^p 1{r z inside on the side}] for each p of ``powers``, for units with A != 0 (pos: 1.0 if A > 0, 0.0 if
-    A < 0). Both sides are computed and one is selected by ``lerp(neg_side, pos_side, pos)``, which returns one
-    of them exactly (finite values, weight 0 or 1) and, unlike a bool ``where``, is cheap on CPU. ``clipped``:
-    every unit is outside on its side, so clip(r) is its bound and one t = bound / r serves both sides."""
-    hi, lo = cfg.high, cfg.low
+    if power not in (0, 1):
+        raise ValueError(f"power={power!r} is not valid; allowed: 0, 1")
+    r, s = _tensors(ratio, sign)
+    h = float(half_width)
     if h == 0:
-        inside = torch.lerp((r >= lo).to(r.dtype), (r <= hi).to(r.dtype), pos)  # z = 1: P = E[z^p ...] = inside
-        return [inside for _ in powers]
+        return (~is_clipped(r, s, cfg)).to(r.dtype)
     a, b = 1.0 - h, 1.0 + h
-    if clipped:  # (1 / r) * bound, as torch computes hi / r for a Python number hi: the same bits
-        t_pos = t_neg = r.reciprocal().mul_(r.clamp(lo, hi)).clamp_(a, b)
+    t_pos = (cfg.high / r).clamp(a, b)
+    t_neg = (cfg.low / r).clamp(a, b)
+    if power == 0:
+        pos, neg = (t_pos - a) / (2 * h), (b - t_neg) / (2 * h)
     else:
-        t_pos, t_neg = (hi / r).clamp_(a, b), (lo / r).clamp_(a, b)
-    out = []
-    for power in powers:
-        if power == 1:
-            tt_pos = t_pos * t_pos
-            tt_neg = tt_pos if clipped else t_neg * t_neg
-            side_pos, side_neg = (tt_pos - a * a) / (4 * h), (b * b - tt_neg) / (4 * h)
-        elif power == 0:
-            side_pos, side_neg = (t_pos - a) / (2 * h), (b - t_neg) / (2 * h)
-        else:
-            raise ValueError(f"power={power!r} is not valid; allowed: 0, 1")
-        # both are in [0, 1] exactly; the clamp removes float rounding at the ends (e.g. 1 + 1e-7)
-        out.append(torch.lerp(side_neg, side_pos, pos).clamp_(0.0, 1.0))
-    return out
+        pos, neg = (t_pos**2 - a**2) / (4 * h), (b**2 - t_neg**2) / (4 * h)
+    w = torch.where(s > 0, pos, neg).clamp(0.0, 1.0)  # the clamp removes float rounding at the ends
+    return torch.where(s == 0, 1.0, w)
 
 
 def rescue_weight(ratio, adv, cfg: LossConfig) -> torch.Tensor:
-    """Expected weight of a *clipped* unit under NSR: P(rescue) (clean) or E[z 1{rescue}] (noisy)."""
+    """Expected weight of a *clipped* unit under NSR: P(rescue) (clean executor) or E[z 1{rescue}] (noisy)."""
     return side_expectation(ratio, adv, cfg, cfg.delta, 1 if cfg.executor == "noisy" else 0)
 
 
@@ -84,45 +72,50 @@ def _tensors(ratio, sign):
     return r, torch.sign(s)
 
 
-def _clipped(r, s, cfg: LossConfig) -> torch.Tensor:
-    return ((s > 0) & (r > cfg.high)) | ((s < 0) & (r < cfg.low))
+# ------------------------------------------------------------------ the expected weight of each rule
+def weight_hard(r, s, cfg):
+    """1 if kept, 0 if clipped."""
+    return (~is_clipped(r, s, cfg)).to(r.dtype)
 
 
-def _weight_nsr(r, s, cfg):
-    return torch.where(_clipped(r, s, cfg), rescue_weight(r, s, cfg), 1.0)
+def weight_nsr(r, s, cfg):
+    """Clipped units: the rescue weight; others: 1. Also soft's, whose weight is this by construction."""
+    return torch.where(is_clipped(r, s, cfg), rescue_weight(r, s, cfg), 1.0)
 
 
-def _weight_pushout(r, s, cfg):
-    return torch.where(_clipped(r, s, cfg), 0.0, side_expectation(r, s, cfg, cfg.delta, 0))
+def weight_pushout(r, s, cfg):
+    """Clipped units: 0; others are kept with probability P(r z inside on A's side)."""
+    return torch.where(is_clipped(r, s, cfg), 0.0, side_expectation(r, s, cfg, cfg.delta, 0))
 
 
-def _weight_nsr_pushout(r, s, cfg):
-    return torch.where(_clipped(r, s, cfg), rescue_weight(r, s, cfg), side_expectation(r, s, cfg, cfg.delta, 0))
+def weight_nsr_pushout(r, s, cfg):
+    return torch.where(is_clipped(r, s, cfg), rescue_weight(r, s, cfg), side_expectation(r, s, cfg, cfg.delta, 0))
 
 
-def _weight_hard(r, s, cfg):
-    return (~_clipped(r, s, cfg)).to(r.dtype)
+def weight_noisy_decision(r, s, cfg):
+    """Judge = executor = r xi: the kept gradient -A r xi, integrated over xi (no special case at the boundary)."""
+    return side_expectation(r, s, cfg, cfg.ratio_noise, 1)
 
 
-_WEIGHTS = {
-    "hard": _weight_hard,
-    "nsr": _weight_nsr,
-    "soft": _weight_nsr,  # the deterministic twin has NSR's expected weight by construction
-    "pushout": _weight_pushout,
-    "nsr_pushout": _weight_nsr_pushout,
-    # judge = executor = r xi: the kept gradient -A r xi, integrated over xi (no special case at the boundary)
-    "noisy_decision": lambda r, s, cfg: side_expectation(r, s, cfg, cfg.ratio_noise, 1),
-    "clean_decision": _weight_hard,  # clean judge, E[xi] = 1 on kept units
-    "cispo": lambda r, s, cfg: torch.where(s == 0, 1.0, r.clamp(cfg.low, cfg.high) / r),
-    "sapo": lambda r, s, cfg: torch.where(
-        s == 0, 1.0, _sapo_gate(r, torch.where(s > 0, cfg.sapo_tau_pos, cfg.sapo_tau_neg).to(r.dtype))
-    ),
-}
+def weight_cispo(r, s, cfg):
+    """The IS weight min(r, cap) relative to r: 1 up to the cap, cap / r above it; no lower bound."""
+    return torch.where(s == 0, 1.0, r.clamp(max=cispo_cap(cfg)) / r)
 
 
-def _sapo_gate(r, tau):
+def weight_sapo(r, s, cfg):
+    """The slope of SAPO's gate relative to r: 4 g (1 - g), g = sigmoid(tau (r - 1)), tau by A's sign."""
+    tau = torch.where(s > 0, cfg.sapo_tau_pos, cfg.sapo_tau_neg).to(r.dtype)
     g = torch.sigmoid(tau * (r - 1.0))
-    return 4.0 * g * (1.0 - g)
+    return torch.where(s == 0, 1.0, 4.0 * g * (1.0 - g))
+
+
+def weight_noclip(r, s, cfg):
+    return torch.ones_like(r)
+
+
+def cispo_cap(cfg: LossConfig) -> float:
+    """CISPO's upper bound on the IS weight: ``cfg.cispo_cap``, or 1 + eps_high when it is None (verl's cispo)."""
+    return cfg.high if cfg.cispo_cap is None else cfg.cispo_cap
 
 
 def expected_weight(ratio, advantage_sign, cfg: LossConfig) -> torch.Tensor:
@@ -134,18 +127,23 @@ def expected_weight(ratio, advantage_sign, cfg: LossConfig) -> torch.Tensor:
         cfg: the rule; dual clip, when set, zeroes A < 0 units with r > dual_clip.
 
     Returns:
-        Tensor of the broadcast shape, in [0, 1] for every rule but cispo, whose weight clip(r) / r exceeds 1
-        below the region (sapo: the gate's slope 4 s (1 - s)).
+        Tensor of the broadcast shape, in [0, 1] for every rule but cispo, whose weight is min(r, cap) / r
+        (sapo: the gate's slope 4 g (1 - g), also <= 1).
     """
+    from nsr.objectives import RULES  # the weights are registered with the rules; imported late to avoid a cycle
+
+    weight = RULES.info(cfg.rule).get("weight")
+    if weight is None:
+        have = [name for name in RULES if RULES.info(name).get("weight") is not None]
+        raise ValueError(f"expected_weight has no formula for rule={cfg.rule!r}; allowed: {', '.join(have)}")
     r, s = _tensors(ratio, advantage_sign)
-    if cfg.rule not in _WEIGHTS:
-        raise ValueError(f"expected_weight has no formula for rule={cfg.rule!r}; allowed: {', '.join(_WEIGHTS)}")
-    w = _WEIGHTS[cfg.rule](r, s, cfg).to(r.dtype)
+    w = weight(r, s, cfg).to(r.dtype)
     if cfg.dual_clip is not None:
         w = torch.where((s < 0) & (r > cfg.dual_clip), 0.0, w)
     return w
 
 
+# ------------------------------------------------------------------ the rescue zone, for ratio bins and figures
 def rescue_zone(sign: int, cfg: LossConfig) -> tuple[float, float]:
     """(boundary, edge) of NSR's rescue zone on the side of ``sign``: the clipped ratios a z ~ U(1 - delta,
     1 + delta) can bring back inside. A > 0: (c, c / (1 - delta)); A < 0: (b, b / (1 + delta))."""

@@ -51,17 +51,25 @@ def test_random_reward_is_seeded_coin_flips():
     assert not torch.equal(a, by_hand(rewards, ids))  # the true rewards are ignored
 
 
-@pytest.mark.parametrize("mode", ["mult", "add"])
+@pytest.mark.parametrize("mode", ["mult", "add", "add_all"])
 def test_noise_is_per_response_after_normalization(mode):
     rewards, ids = data(n_groups=2000)
     base = by_hand(rewards, ids)
     cfg = nsr.AdvantageConfig(noise=0.5, noise_mode=mode)
     got = nsr.compute_advantages(rewards, ids, cfg, generator=torch.Generator().manual_seed(3))
     eps = torch.randn(len(rewards), generator=torch.Generator().manual_seed(3))
-    expect = base * (1 + 0.5 * eps) if mode == "mult" else base + 0.5 * eps
+    signal = torch.tensor([bool((base[ids == i] != 0).any()) for i in ids.tolist()])  # the response's group has one
+    assert signal.any() and (~signal).any()  # both kinds of group are in the data
+    expect = {
+        "mult": base * (1 + 0.5 * eps),
+        "add": torch.where(signal, base + 0.5 * eps, base),
+        "add_all": base + 0.5 * eps,
+    }[mode]
     torch.testing.assert_close(got, expect)
-    if mode == "mult":
-        assert (got[base == 0] == 0).all()  # multiplicative noise keeps the zero-signal groups at zero
+    if mode != "add_all":
+        assert (got[~signal] == 0).all()  # the zero-signal groups stay at zero: no injected signal
+    else:
+        assert (got[~signal] != 0).all()  # the other reading: random-sign advantages where all rewards were equal
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ def test_hard_by_hand_negative_advantage():
 
 
 def test_nsr_by_hand_with_known_draws():
-    """One z per clipped token, drawn in row-major order from the generator (the documented draw order)."""
+    """One z per token, one (B, T) draw from the generator (the documented draw order); only clipped tokens use it."""
     delta = 0.2
     r = [1.0, 1.3, 0.75, 1.5, 0.7]
     a = torch.tensor([1.0, 1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
@@ -59,10 +59,10 @@ def test_nsr_by_hand_with_known_draws():
     for seed in range(20):
         logp, old, _, mask = ratios_batch(r, 1.0)
         loss, grad, m = run(logp, old, a.reshape(1, -1), mask, cfg, seed=seed)
-        z = torch.rand(4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2 * delta + 1 - delta
+        z = torch.rand(5, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2 * delta + 1 - delta
         expect_grad = [-1.0]
         expect_loss = [-1.0]
-        for zi, ri, ai in zip(z, r[1:], a[1:].tolist()):
+        for zi, ri, ai in zip(z[1:], r[1:], a[1:].tolist()):
             inside = ri * zi <= HI if ai > 0 else ri * zi >= LO
             expect_grad.append(-ai * ri * float(zi) if inside else 0.0)
             expect_loss.append(-ai * ri * float(zi) if inside else -ai * (HI if ai > 0 else LO))
@@ -108,6 +108,58 @@ def test_pushout_by_hand():
     assert (grad[0, 400:] == 0).all() and m["pushout_frac"] == pytest.approx((g == 0).sum().item() / 410)
 
 
+def test_nsr_pushout_by_hand_two_independent_draws():
+    """nsr_pushout draws the rescue z first, then the push-out z, each one (B, T) tensor; at sequence level each
+    is one value per sequence, shared by its tokens."""
+    delta = 0.2
+    r = [1.25, 1.3, 0.82, 0.75, 1.0]  # within reach (A > 0), clipped, within reach (A < 0), clipped, far inside
+    a = [1.0, 1.0, -1.0, -1.0, 1.0]
+    cfg = nsr.LossConfig(rule="nsr_pushout", delta=delta)
+    seen = set()
+    for seed in range(30):
+        logp, old, _, mask = ratios_batch(r, 1.0)
+        _, grad, m = run(logp, old, torch.tensor([a], dtype=torch.float64), mask, cfg, seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        z_rescue = torch.rand(5, generator=g, dtype=torch.float64) * 2 * delta + 1 - delta
+        z_push = torch.rand(5, generator=g, dtype=torch.float64) * 2 * delta + 1 - delta
+        expect = []
+        for i, (ri, ai) in enumerate(zip(r, a)):
+            clipped = ri > HI if ai > 0 else ri < LO
+            z = float(z_rescue[i] if clipped else z_push[i])
+            inside = ri * z <= HI if ai > 0 else ri * z >= LO
+            if clipped:  # rescued with the noisy executor, or still clipped
+                expect.append(-ai * ri * z if inside else 0.0)
+            else:  # kept with the clean executor, or pushed out
+                expect.append(-ai * ri if inside else 0.0)
+        torch.testing.assert_close(grad[0], torch.tensor(expect, dtype=torch.float64))
+        assert m["pushout_frac"].item() == pytest.approx(sum(e == 0 for e in (expect[0], expect[2])) / 5)
+        assert m["rescue_frac"].item() == pytest.approx(sum(e != 0 for e in (expect[1], expect[3])) / 5)
+        seen.update((i, e == 0) for i, e in enumerate(expect))
+    assert {(0, True), (0, False), (1, True), (1, False)} <= seen  # both outcomes reached on both sides of the rule
+
+
+def test_sequence_level_uses_one_draw_per_sequence_by_hand():
+    cfg = nsr.LossConfig(rule="nsr", level="sequence", delta=4e-4)
+    s = [cfg.high * 1.0002, cfg.low / 1.0001, 1.0]  # clipped A > 0, clipped A < 0, inside
+    a = [1.0, -1.0, 1.0]
+    T = 4
+    for seed in range(10):
+        logp = torch.tensor(s, dtype=torch.float64).log()[:, None].expand(3, T).clone()
+        adv = torch.tensor(a, dtype=torch.float64)[:, None].expand(3, T)
+        _, grad, m = run(logp, torch.zeros_like(logp), adv, torch.ones(3, T, dtype=torch.bool), cfg, seed=seed)
+        z = torch.rand(3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 8e-4 + 1 - 4e-4
+        sr = logp.exp()[:, 0]  # the sequence ratios after the log / exp round trip
+        expect = []
+        for i in range(3):
+            clipped = i < 2
+            inside = sr[i] * z[i] <= cfg.high if a[i] > 0 else sr[i] * z[i] >= cfg.low
+            expect.append(-a[i] * sr[i] * (z[i] if clipped else 1.0) if (inside or not clipped) else 0.0)
+        # straight-through: each token's gradient is its sequence's per-token weight (loss.sum() over T tokens)
+        expect = torch.tensor([float(e) for e in expect], dtype=torch.float64)
+        torch.testing.assert_close(grad, expect[:, None].expand(3, T))
+        assert m["rescue_frac"].item() == pytest.approx(sum(e != 0 for e in expect[:2]) / 3)
+
+
 def test_decision_rules_by_hand():
     sigma = 0.1
     r = [1.0, 1.27, 1.3, 0.81]
@@ -124,9 +176,15 @@ def test_decision_rules_by_hand():
 
 
 def test_cispo_and_sapo_by_hand():
+    r = torch.tensor(R + [6.0], dtype=torch.float64)
+    for a in (2.0, -2.0):
+        _, grad, m = run(*ratios_batch(r, a), nsr.LossConfig(rule="cispo"))
+        torch.testing.assert_close(grad[0], -a * r.clamp(max=5.0))  # never dropped; the weight is capped above only
+        assert m["clip_frac_high"] == pytest.approx(1 / 7) and m["clip_frac_low"] == 0
+    _, grad, m = run(*ratios_batch(r, -2.0), nsr.LossConfig(rule="cispo", cispo_cap=None))  # verl: 1 + eps_high
+    torch.testing.assert_close(grad[0], 2.0 * r.clamp(max=HI))
+    assert m["clip_frac_high"] == pytest.approx(3 / 7)
     r = torch.tensor(R, dtype=torch.float64)
-    _, grad, _ = run(*ratios_batch(R, 2.0), nsr.LossConfig(rule="cispo"))
-    torch.testing.assert_close(grad[0], -2.0 * r.clamp(LO, HI))  # never dropped, the IS weight is clipped
     for a, tau in ((1.5, 1.0), (-1.5, 1.05)):
         loss, grad, _ = run(*ratios_batch(R, a), nsr.LossConfig(rule="sapo"))
         s = torch.sigmoid(tau * (r - 1))
@@ -134,6 +192,15 @@ def test_cispo_and_sapo_by_hand():
         torch.testing.assert_close(grad[0], -4 * s * (1 - s) * r * a)
     _, grad, _ = run(*ratios_batch([1.0], 1.0), nsr.LossConfig(rule="sapo"))
     assert grad.item() == pytest.approx(-1.0)  # on policy the gate has slope 1: plain policy gradient
+
+
+def test_noclip_by_hand():
+    r = torch.tensor(R, dtype=torch.float64)
+    for a in (1.5, -1.5):
+        loss, grad, m = run(*ratios_batch(R, a), nsr.LossConfig(rule="noclip"))
+        torch.testing.assert_close(loss[0], -a * r)
+        torch.testing.assert_close(grad[0], -a * r)  # no trust region: every token keeps its gradient
+        assert all(m[k] == 0 for k in ("clip_frac_low", "clip_frac_high", "clip_frac", "rescue_frac", "pushout_frac"))
 
 
 def test_dual_clip():
@@ -332,27 +399,31 @@ def test_monte_carlo_sequence_level_one_draw_per_sequence():
 
 # ---------------------------------------------------------------- registry and config
 def test_every_registered_rule_resolves_and_runs():
-    assert set(nsr.RULES) == {
-        "hard",
-        "nsr",
-        "soft",
-        "pushout",
-        "nsr_pushout",
-        "noisy_decision",
-        "clean_decision",
-        "cispo",
-        "sapo",
-    }
+    assert {"hard", "nsr", "soft", "pushout", "nsr_pushout", "noisy_decision", "clean_decision", "cispo", "sapo",
+            "noclip"} <= set(nsr.RULES)  # fmt: skip
     logp, old, adv, mask = make_batch()
     for name in nsr.RULES:
         assert callable(nsr.RULES[name])
         cfg = nsr.LossConfig(rule=name, ratio_noise=0.1 if "decision" in name else 0.0)
+        assert nsr.LossConfig(**{**dataclasses.asdict(cfg)}).rule == name
         loss, m = nsr.policy_loss(logp, old, adv, mask, cfg)
+        assert set(m) == set(METRIC_KEYS)
         nsr.aggregate(loss, mask).backward()
-        w = nsr.expected_weight(torch.linspace(0.5, 2, 7), 1.0, cfg)
-        assert (w >= 0).all() and (name == "cispo" or (w <= 1).all())  # cispo: clip(r) / r exceeds 1 below b
+        if nsr.RULES.info(name).get("weight") is not None:
+            w = nsr.expected_weight(torch.linspace(0.5, 2, 7), 1.0, cfg)
+            assert (w >= 0).all() and (w <= 1).all()
     with pytest.raises(ValueError, match="hard, nsr, soft"):
         nsr.RULES["nope"]
+
+
+def test_expected_weight_has_the_rules_of_the_registry():
+    """The weights are registered with the rules, so expected_weight knows exactly the registered names."""
+    for name in ("hard", "nsr", "soft", "pushout", "nsr_pushout", "noisy_decision", "clean_decision", "cispo",
+                 "sapo", "noclip"):  # fmt: skip
+        assert nsr.RULES.info(name)["weight"] is not None
+    assert nsr.RULES.info("soft")["weight"] is nsr.RULES.info("nsr")["weight"]  # the twin's weight by construction
+    with pytest.raises(ValueError, match="LossConfig.rule='nope'"):
+        nsr.RULES.info("nope")
 
 
 @pytest.mark.parametrize(
@@ -372,6 +443,11 @@ def test_every_registered_rule_resolves_and_runs():
         ({"dual_clip": 1.0}, "dual_clip"),
         ({"delta": "0.2"}, "delta"),
         ({"sapo_tau_neg": 0}, "sapo_tau_neg"),
+        ({"cispo_cap": 0.5}, "cispo_cap"),
+        ({"cispo_cap": "5"}, "cispo_cap"),
+        *(({k: v}, k) for k in ("eps_low", "eps_high", "delta", "dual_clip", "sapo_tau_pos", "sapo_tau_neg",
+                                "cispo_cap") for v in (math.nan, math.inf, -math.inf)),
+        *(({"rule": "noisy_decision", "ratio_noise": v}, "ratio_noise") for v in (math.nan, math.inf)),
     ],
 )
 def test_bad_loss_config_names_field_and_allowed_values(kwargs, field):
@@ -379,9 +455,17 @@ def test_bad_loss_config_names_field_and_allowed_values(kwargs, field):
         nsr.LossConfig(**kwargs)
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_numbers_are_refused_with_the_range(value):
+    with pytest.raises(ValueError, match=r"LossConfig\.delta=.*allowed: a finite number with 0 <= delta < 1"):
+        nsr.LossConfig(delta=value)
+    with pytest.raises(ValueError, match=r"LossConfig\.cispo_cap=.*allowed: a finite number with cispo_cap >= 1"):
+        nsr.LossConfig(rule="cispo", cispo_cap=value)
+
+
 def test_level_defaults():
     tok, seq = nsr.LossConfig(), nsr.LossConfig(level="sequence")
-    assert (tok.eps_low, tok.eps_high, tok.delta) == (0.2, 0.28, 0.2)
+    assert (tok.eps_low, tok.eps_high, tok.delta, tok.cispo_cap) == (0.2, 0.28, 0.2, 5.0)
     assert (seq.eps_low, seq.eps_high, seq.delta) == (3e-4, 4e-4, 4e-4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         tok.delta = 0.5

@@ -63,8 +63,10 @@ def test_other_rules():
     both = push.replace(rule="nsr_pushout")
     torch.testing.assert_close(nsr.expected_weight(r, 1, both)[:4], expect[:4])
     assert nsr.expected_weight(1.5, 1, both).item() == pytest.approx(((C / 1.5) ** 2 - 0.64) / 0.8)
-    cispo = nsr.LossConfig(rule="cispo")
-    torch.testing.assert_close(nsr.expected_weight(r, 1, cispo), r.clamp(B, C) / r)
+    cispo = nsr.LossConfig(rule="cispo", cispo_cap=1.2)
+    torch.testing.assert_close(nsr.expected_weight(r, 1, cispo), r.clamp(max=1.2) / r)  # no lower bound
+    torch.testing.assert_close(nsr.expected_weight(r, -1, cispo.replace(cispo_cap=None)), r.clamp(max=C) / r)
+    torch.testing.assert_close(nsr.expected_weight(r, 1, nsr.LossConfig(rule="noclip")), torch.ones_like(r))
     sapo = nsr.LossConfig(rule="sapo")
     s = torch.sigmoid(r - 1)
     torch.testing.assert_close(nsr.expected_weight(r, 1, sapo), 4 * s * (1 - s))
@@ -73,3 +75,14 @@ def test_other_rules():
     noisy_dec = nsr.LossConfig(rule="noisy_decision", ratio_noise=0.1)
     assert nsr.expected_weight(1.0, 1, noisy_dec).item() == pytest.approx(1.0)
     assert 0 < nsr.expected_weight(1.2, 1, noisy_dec).item() < 1  # the noisy judge drops some kept tokens too
+
+
+def test_is_clipped_is_the_hard_rules_judge():
+    cfg = nsr.LossConfig()
+    r = torch.tensor([0.7, 0.8, 0.9, 1.28, 1.3, 0.7, 1.3, 1.3], dtype=torch.float64)
+    a = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 1.0, -1.0, 0.0], dtype=torch.float64)
+    expect = [True, False, False, False, True, False, False, False]  # strict bounds; the other side and A = 0 kept
+    assert nsr.theory.is_clipped(r, a, cfg).tolist() == expect
+    low, high = nsr.theory.clip_sides(r, a, cfg)
+    assert low.tolist() == [True] + [False] * 7 and high.tolist() == [False] * 4 + [True] + [False] * 3
+

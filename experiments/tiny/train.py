@@ -139,7 +139,7 @@ class RatioBins:
         (grad,) = torch.autograd.grad(loss_tok.sum(), logp, retain_graph=True)  # d loss_t / d log pi_t, exact
         with torch.no_grad():
             adv = adv.reshape(len(adv), -1).expand_as(logp)  # one advantage per response, over its tokens
-            clipped = mask & nsr.theory._clipped(r, adv, self.cfg)
+            clipped = mask & nsr.theory.is_clipped(r, adv, self.cfg)
             depth = nsr.theory.rescue_depth(r, adv, self.cfg)
             b = (depth * self.N_BINS).floor().clamp(0, self.N_BINS).long()
             n = self.N_BINS + 1
