@@ -1,0 +1,18 @@
+"""NSR for verl users: every rule of ``nsr.RULES`` as a verl 0.9.1 policy-loss mode ``nsr:<rule>``.
+
+Two lines added to a verl DAPO recipe (this repo importable in every Ray worker, e.g. ``pip install -e .`` or
+PYTHONPATH) run NSR:
+
+    actor_rollout_ref.actor.policy_loss._target_=nsr.verl.NSRPolicyLossConfig \\
+    actor_rollout_ref.actor.policy_loss.loss_mode=nsr:nsr \\
+
+Optional parameters: ``...policy_loss.delta=0.2``, ``.executor=clean``, ``.seed=0``, ``.dual_clip=false``;
+the trust region stays ``actor.clip_ratio_low`` / ``clip_ratio_high``. Importing this package registers the modes
+(:func:`register`); details in :mod:`nsr.verl.plugin`.
+"""
+
+from nsr.verl.plugin import PREFIX, VERL_VERSION, NSRPolicyLossConfig, loss_config, loss_modes, policy_loss, register
+
+register()
+
+__all__ = ["PREFIX", "VERL_VERSION", "NSRPolicyLossConfig", "loss_config", "loss_modes", "policy_loss", "register"]

@@ -1,0 +1,199 @@
+"""Every rule of ``nsr.RULES`` as a verl 0.9.1 policy-loss mode ``nsr:<rule>`` (design.md, "Backends").
+
+verl selects the actor's policy loss by name from ``core_algos.POLICY_LOSS_REGISTRY``
+(``actor_rollout_ref.actor.policy_loss.loss_mode``) and calls it as
+
+    loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+        -> (pg_loss scalar, metrics dict)
+
+with ``config`` the actor's ``ActorConfig``. Each mode here computes the per-token loss with ``nsr.policy_loss``,
+weights it by verl's rollout-correction weights when given, and reduces it with verl's own ``agg_loss`` (so every
+verl aggregation mode and its global-batch normalisation across micro-batches and DP ranks are verl's).
+
+Parameters. verl's ``PolicyLossConfig`` is a structured dataclass (an unknown key fails), so the rule's own
+parameters live in the subclass :class:`NSRPolicyLossConfig`, selected with ``policy_loss._target_``; the trust
+region, dual clip constant and SAPO temperatures are read from verl's own actor keys (``clip_ratio_low``,
+``clip_ratio_high``, ``clip_ratio_c``, ``tau_pos``, ``tau_neg``), so a DAPO recipe keeps its values. With verl's
+plain ``PolicyLossConfig`` the rule runs with the defaults of the subclass.
+
+Registration reaches every process that builds the actor config: hydra imports the ``_target_`` module
+(``nsr.verl``) when verl's worker turns the config into dataclasses, and importing ``nsr.verl`` registers the modes.
+``VERL_USE_EXTERNAL_MODULES=nsr.verl`` (read by ``import verl`` in every process) does the same without ``_target_``.
+Rules added to ``nsr.RULES`` later become modes the same way: :func:`register` walks the registry when called.
+
+Metrics, under verl's names where the meaning is the same: ``actor/pg_clipfrac`` (tokens the trust region clipped,
+either side), ``actor/ppo_kl`` (mean old - new log-prob), ``actor/pg_clipfrac_lower`` (verl's meaning: the dual-clip
+fraction, A < 0 and r > clip_ratio_c); and every ``nsr.METRIC_KEYS`` value as ``actor/nsr_<key>``. Values are
+detached 0-dim tensors (verl's ``Metric`` turns them into floats when it aggregates).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+from verl.trainer.ppo import core_algos
+from verl.workers.config import PolicyLossConfig
+
+import nsr
+
+PREFIX = "nsr:"
+"""Loss modes are ``nsr:<rule>``: verl's own names are identifiers, so none of them can start with this."""
+VERL_VERSION = "0.9.1"
+"""The verl release this plug-in is written and tested against (tests/test_verl_contract.py)."""
+
+
+@dataclass
+class NSRPolicyLossConfig(PolicyLossConfig):
+    """verl's ``PolicyLossConfig`` plus the parameters of the nsr rules (nsr.LossConfig, method.md).
+
+    Select it in a recipe with ``actor_rollout_ref.actor.policy_loss._target_=nsr.verl.NSRPolicyLossConfig``.
+    """
+
+    level: str = "token"
+    """token (PPO/GRPO/DAPO ratio) or sequence (GSPO ratio exp(mean_t log r_t))."""
+    delta: Optional[float] = None  # noqa: UP045 (OmegaConf's structured configs read Optional, not X | None)
+    """Half-width of NSR's z ~ U(1 - delta, 1 + delta). None: 0.2 at token level, 4e-4 at sequence level."""
+    executor: str = "noisy"
+    """Ratio that multiplies A for a rescued token: noisy (r z, the paper's default) or clean (r)."""
+    ratio_noise: float = 0.0
+    """sigma of the ratio noise of the noisy_decision / clean_decision rules (0 for every other rule)."""
+    dual_clip: bool = True
+    """Apply verl's dual clip (A < 0 and r > actor.clip_ratio_c), as verl's vanilla mode always does."""
+    seed: Optional[int] = None  # noqa: UP045
+    """Seed of the rule's random draws (one stream per process: seed, DP rank); None: torch's global RNG."""
+
+    def __post_init__(self):
+        if self.loss_mode.startswith(PREFIX):  # check the rule and its parameters before any work starts
+            loss_config(self.loss_mode.removeprefix(PREFIX), None, self)
+
+
+def loss_config(rule: str, actor_config=None, policy_loss=None) -> nsr.LossConfig:
+    """The ``nsr.LossConfig`` of ``rule`` from verl's actor config (trust region, dual clip, SAPO temperatures) and
+    its ``policy_loss`` section (an :class:`NSRPolicyLossConfig`, or verl's plain one: defaults).
+
+    Raises ValueError naming the verl key and the allowed values.
+    """
+    if policy_loss is None:
+        policy_loss = actor_config.policy_loss if actor_config is not None else NSRPolicyLossConfig()
+    own = {f.name: policy_loss.get(f.name, f.default) for f in fields(NSRPolicyLossConfig)}
+    kwargs = {k: own[k] for k in ("level", "delta", "executor", "ratio_noise")}
+    if actor_config is not None:
+        sequence = own["level"] == "sequence"
+        # verl's defaults (0.2 / 0.2) are PPO's; at sequence level GSPO recipes set 3e-4 / 4e-4 themselves
+        kwargs.update(eps_low=actor_config.clip_ratio_low, eps_high=actor_config.clip_ratio_high)
+        kwargs.update(sapo_tau_pos=actor_config.tau_pos, sapo_tau_neg=actor_config.tau_neg)
+        if own["dual_clip"] and not sequence:
+            kwargs["dual_clip"] = actor_config.get("clip_ratio_c", 3.0)
+    try:
+        return nsr.LossConfig(rule=rule, **kwargs)
+    except ValueError as e:
+        msg = str(e).replace("LossConfig.rule='", f"policy_loss.loss_mode='{PREFIX}")
+        for ours, verl_key in _VERL_KEYS.items():
+            msg = msg.replace(f"LossConfig.{ours}=", f"{verl_key}=")
+        raise ValueError("verl actor_rollout_ref.actor." + msg.replace("LossConfig.", "policy_loss.")) from None
+
+
+_VERL_KEYS = {
+    "eps_low": "clip_ratio_low",
+    "eps_high": "clip_ratio_high",
+    "dual_clip": "clip_ratio_c",
+    "sapo_tau_pos": "tau_pos",
+    "sapo_tau_neg": "tau_neg",
+}
+"""nsr.LossConfig fields read from verl's actor section, by their verl key."""
+
+
+_GENERATORS: dict[tuple[int, int, str], torch.Generator] = {}
+
+
+def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """One generator per (seed, DP rank, device) for this process's lifetime; None when no seed is set."""
+    if seed is None:
+        return None
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    key = (seed, rank, str(device))
+    if key not in _GENERATORS:
+        digest = hashlib.sha256(repr(("verl-loss", seed, rank)).encode()).digest()
+        _GENERATORS[key] = torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return _GENERATORS[key]
+
+
+def policy_loss(
+    rule: str,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """verl's policy-loss signature for nsr rule ``rule``; ``config`` is verl's ActorConfig.
+
+    Shapes: every tensor (B, T) (response tokens); ``response_mask`` bool or 0/1.
+    Returns (scalar loss from verl's ``agg_loss``, metrics of 0-dim tensors).
+    """
+    if config is None:
+        raise ValueError(f"loss mode {PREFIX}{rule} needs verl's actor config (config=None)")
+    cfg = loss_config(rule, config)
+    mask = response_mask.bool()
+    gen = _generator(config.policy_loss.get("seed"), log_prob.device)
+    loss_tok, met = nsr.policy_loss(log_prob, old_log_prob, advantages, mask, cfg, generator=gen)
+    if rollout_is_weights is not None:
+        loss_tok = loss_tok * rollout_is_weights
+    pg_loss = core_algos.agg_loss(
+        loss_mat=loss_tok, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info
+    )
+    if cfg.dual_clip is not None:  # verl's pg_clipfrac_lower: the dual-clip fraction
+        with torch.no_grad():
+            ratio = torch.exp((log_prob - old_log_prob).clamp(-20.0, 20.0))
+            dual = (advantages < 0) & (ratio > cfg.dual_clip) & mask
+            dual_frac = dual.sum() / mask.sum().clamp(min=1)
+    else:
+        dual_frac = torch.zeros((), device=log_prob.device)
+    metrics = {
+        "actor/pg_clipfrac": met["clip_frac"].detach(),
+        "actor/ppo_kl": met["approx_kl"].detach(),
+        "actor/pg_clipfrac_lower": dual_frac.to(met["clip_frac"].dtype),
+        **{f"actor/nsr_{k}": v.detach() for k, v in met.items()},
+    }
+    return pg_loss, metrics
+
+
+def make_policy_loss(rule: str):
+    """verl's policy-loss function of ``rule`` (a named function, as verl's registered losses are)."""
+
+    def compute_policy_loss_nsr(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+        rollout_is_weights=None,
+    ):  # fmt: skip
+        return policy_loss(
+            rule, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+        )
+
+    compute_policy_loss_nsr.__name__ = compute_policy_loss_nsr.__qualname__ = f"compute_policy_loss_nsr_{rule}"
+    compute_policy_loss_nsr.__doc__ = f"nsr rule {rule!r} as a verl loss mode ({__name__}.policy_loss)."
+    return compute_policy_loss_nsr
+
+
+def loss_modes() -> list[str]:
+    """The verl loss-mode name of every rule in ``nsr.RULES`` now."""
+    return [PREFIX + rule for rule in nsr.RULES]
+
+
+def register() -> list[str]:
+    """Register every rule of ``nsr.RULES`` not yet registered as ``nsr:<rule>``; returns all our mode names.
+
+    Raises RuntimeError if a mode name is taken by a function that is not ours (a clash with another plug-in).
+    """
+    for rule in nsr.RULES:
+        name = PREFIX + rule
+        have = core_algos.POLICY_LOSS_REGISTRY.get(name)
+        if have is None:
+            core_algos.register_policy_loss(name)(make_policy_loss(rule))
+        elif have.__module__ != __name__:
+            raise RuntimeError(f"verl loss mode {name!r} is already registered by {have.__module__}.{have.__name__}")
+    return loss_modes()

@@ -1,0 +1,175 @@
+"""nsr.verl against verl 0.9.1's real code on CPU: our rules as verl loss modes, equal to verl's vanilla where the
+formulas agree, configured through verl's own structured configs and hydra recipe composition."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="verl is installed by `make venv` (pip install --no-deps verl==0.9.1)")
+
+from conftest import make_batch  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
+
+import nsr  # noqa: E402
+import nsr.verl  # noqa: E402
+
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+"""Every aggregation mode of verl's agg_loss: the plug-in reduces with verl's own agg_loss, so all are shared."""
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def actor(loss_mode: str, policy_loss=None, **kw) -> ActorConfig:
+    """verl's actor config with a DAPO trust region (0.2 / 0.28) and verl's default dual clip (3.0)."""
+    pl = policy_loss or nsr.verl.NSRPolicyLossConfig(loss_mode=loss_mode)
+    args = dict(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    return ActorConfig(**(args | kw), policy_loss=pl)
+
+
+def dual_batch(seed=0):
+    """A padded batch with ratios up to ~e^2: some tokens with A < 0 pass verl's dual-clip bound 3.0."""
+    logp, old, adv, mask = make_batch(B=16, T=24, seed=seed, spread=0.8)
+    return logp, old, adv.clone(), mask
+
+
+def run(mode: str, cfg: ActorConfig, batch, agg="token-mean", **kw):
+    logp, old, adv, mask = batch
+    lp = logp.detach().clone().requires_grad_()
+    fn = core_algos.get_policy_loss_fn(mode)  # found through verl's own lookup
+    loss, met = fn(
+        old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, loss_agg_mode=agg, config=cfg, **kw
+    )
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss.detach(), grad, {k: float(v) for k, v in met.items()}
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("ours", [("nsr:hard", {}), ("nsr:nsr", {"delta": 0.0}), ("nsr:soft", {"delta": 0.0})])
+def test_hard_with_dual_clip_equals_verl_vanilla(agg, ours):
+    """hard (and nsr / soft at delta 0) with dual_clip = clip_ratio_c: verl's vanilla in loss, gradient and the
+    three metrics verl logs (clip fraction, ppo_kl, dual-clip fraction)."""
+    mode, extra = ours
+    batch = dual_batch()
+    ref = run("vanilla", actor("vanilla", PolicyLossConfig()), batch, agg)
+    got = run(mode, actor(mode, nsr.verl.NSRPolicyLossConfig(loss_mode=mode, **extra)), batch, agg)
+    assert ref[2]["actor/pg_clipfrac"] > 0.05 and ref[2]["actor/pg_clipfrac_lower"] > 0.01  # both clips fire
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-12, atol=1e-12)
+    assert got[2]["actor/ppo_kl"] == pytest.approx(ref[2]["actor/ppo_kl"], rel=1e-12, abs=1e-12)
+    for key in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"):  # verl averages a float32 mask: same count
+        assert got[2][key] == pytest.approx(ref[2][key], rel=1e-6), key
+
+
+def test_rollout_correction_weights_as_vanilla():
+    batch = dual_batch(seed=1)
+    w = torch.rand(batch[0].shape, generator=torch.Generator().manual_seed(3), dtype=batch[0].dtype) + 0.5
+    ref = run("vanilla", actor("vanilla", PolicyLossConfig()), batch, rollout_is_weights=w)
+    got = run("nsr:hard", actor("nsr:hard"), batch, rollout_is_weights=w)
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-12, atol=1e-12)
+
+
+def test_nsr_rescues_and_reports_its_metrics():
+    batch = dual_batch(seed=2)
+    pl = nsr.verl.NSRPolicyLossConfig(loss_mode="nsr:nsr", delta=0.2, seed=0)
+    loss, grad, met = run("nsr:nsr", actor("nsr:nsr", pl), batch)
+    hard_loss, hard_grad, hard_met = run("nsr:hard", actor("nsr:hard"), batch)
+    assert met["actor/nsr_rescue_frac"] > 0 and hard_met["actor/nsr_rescue_frac"] == 0
+    assert met["actor/pg_clipfrac"] == met["actor/nsr_clip_frac"] == hard_met["actor/pg_clipfrac"]
+    assert not torch.equal(grad, hard_grad)  # rescued tokens get a gradient
+    assert set(met) == {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} | {
+        f"actor/nsr_{k}" for k in nsr.METRIC_KEYS
+    }
+    again = run("nsr:nsr", actor("nsr:nsr", nsr.verl.NSRPolicyLossConfig(loss_mode="nsr:nsr", seed=7)), batch)
+    assert not torch.equal(again[1], grad)  # another seed, other draws
+    nsr.verl.plugin._GENERATORS.clear()
+    assert torch.equal(run("nsr:nsr", actor("nsr:nsr", pl), batch)[1], grad)  # same seed, same draws
+
+
+def test_parameters_come_from_verl_keys():
+    a = actor("nsr:nsr", clip_ratio_low=0.1, clip_ratio_high=0.3, clip_ratio_c=4.0, tau_pos=2.0, tau_neg=3.0)
+    cfg = nsr.verl.loss_config("nsr", a)
+    assert (cfg.eps_low, cfg.eps_high, cfg.dual_clip, cfg.sapo_tau_pos, cfg.sapo_tau_neg) == (0.1, 0.3, 4.0, 2.0, 3.0)
+    off = actor("nsr:nsr", nsr.verl.NSRPolicyLossConfig(loss_mode="nsr:nsr", dual_clip=False, executor="clean"))
+    assert nsr.verl.loss_config("nsr", off).dual_clip is None and nsr.verl.loss_config("nsr", off).executor == "clean"
+    plain = actor("nsr:nsr", PolicyLossConfig(loss_mode="nsr:nsr"))  # verl's own config: our defaults
+    assert nsr.verl.loss_config("nsr", plain).delta == 0.2
+
+
+def test_bad_values_name_the_verl_key():
+    with pytest.raises(ValueError, match=r"policy_loss\.loss_mode='nsr:nope' is not valid; allowed: hard, nsr"):
+        nsr.verl.NSRPolicyLossConfig(loss_mode="nsr:nope")
+    with pytest.raises(ValueError, match=r"policy_loss\.delta=1\.5 is not valid"):
+        nsr.verl.NSRPolicyLossConfig(loss_mode="nsr:nsr", delta=1.5)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.clip_ratio_low=1\.2 is not valid"):
+        nsr.verl.loss_config("hard", actor("nsr:hard", clip_ratio_low=1.2))
+
+
+def test_recipe_composition_with_the_two_lines():
+    """verl's own trainer config composed by hydra with the README's two lines (+ an optional parameter), turned
+    into dataclasses as verl's actor worker does (engine_workers: omega_conf_to_dataclass(config.actor))."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    recipe = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]  # every recipe sets a micro-batch size
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        overrides = [*recipe, *README_LINES, "+actor_rollout_ref.actor.policy_loss.delta=0.1"]
+        cfg = compose("ppo_trainer", overrides=overrides)
+    a = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert type(a.policy_loss) is nsr.verl.NSRPolicyLossConfig
+    assert (a.policy_loss.loss_mode, a.policy_loss.delta) == ("nsr:nsr", 0.1)
+    plain = {**cfg.actor_rollout_ref.actor.policy_loss, "_target_": "verl.workers.config.PolicyLossConfig"}
+    with pytest.raises(Exception, match="delta"):  # verl's plain config refuses our keys: hence the subclass
+        omega_conf_to_dataclass(plain)
+
+
+README_LINES = (
+    "actor_rollout_ref.actor.policy_loss._target_=nsr.verl.NSRPolicyLossConfig",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=nsr:nsr",
+)
+
+_WORKER = textwrap.dedent(
+    """
+    import os, sys, torch, verl
+    from verl.trainer.ppo import core_algos
+    assert ("nsr.verl" in sys.modules) == (os.environ.get("VERL_USE_EXTERNAL_MODULES") == "nsr.verl")
+    if "nsr.verl" not in sys.modules:  # as verl's actor worker: build the actor config from the recipe's dict
+        from verl.utils.config import omega_conf_to_dataclass
+        actor = omega_conf_to_dataclass({
+            "_target_": "verl.workers.config.ActorConfig", "strategy": "fsdp", "rollout_n": 1,
+            "ppo_micro_batch_size_per_gpu": 1,
+            "policy_loss": {"_target_": "nsr.verl.NSRPolicyLossConfig", "loss_mode": "nsr:nsr"},
+        })
+    else:
+        from verl.workers.config import ActorConfig, PolicyLossConfig
+        actor = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                            policy_loss=PolicyLossConfig(loss_mode="nsr:nsr"))
+    fn = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)
+    x = torch.zeros(2, 3)
+    loss, met = fn(x, x, torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool), "token-mean", actor)
+    print("OK", fn.__name__, float(met["actor/nsr_clip_frac"]))
+    """
+)
+
+
+def test_registration_reaches_a_fresh_worker_process():
+    """A fresh interpreter that never imports nsr itself finds the modes: through the config's ``_target_`` (what a
+    Ray worker sees) and through verl's VERL_USE_EXTERNAL_MODULES."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("VERL_USE_EXTERNAL_MODULES", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER], env=e, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for e in (env, {**env, "VERL_USE_EXTERNAL_MODULES": "nsr.verl"})
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()[-2000:]
+        assert out.decode().strip().endswith("OK compute_policy_loss_nsr_nsr 0.0")
