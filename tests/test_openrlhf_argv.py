@@ -50,7 +50,9 @@ def assert_parsed_equals_config(args, cfg, run_dir: Path, run_id: str):
     assert args.actor.max_norm == t.grad_clip
     # OpenRLHF's schedule length is max_samples x samples / batch: the warmup still lasts ratio x train.steps
     assert args.actor.lr_scheduler == o.lr_scheduler
-    assert args.actor.lr_warmup_ratio * args.data.max_samples == pytest.approx(o.lr_warmup_ratio * t.steps * r.prompts_per_step)
+    assert args.actor.lr_warmup_ratio * args.data.max_samples == pytest.approx(
+        o.lr_warmup_ratio * t.steps * r.prompts_per_step
+    )
     # None unless a bonus is asked for: any value makes OpenRLHF keep a (tokens x vocab) fp32 tensor
     assert args.actor.entropy_coef == (t.entropy_coef or None)
     assert args.actor.policy_loss_type == {"token": "ppo", "sequence": "gspo"}[loss.level]

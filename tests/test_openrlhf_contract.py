@@ -128,12 +128,6 @@ def test_controller_hooks_exist():
     assert "experience.index" in adv  # the original sample order the interventions rely on
 
 
-def test_reward_function_contract():
-    tree = _tree("utils", "agent.py")
-    src = _src(tree)
-    assert "reward_func" in src and "spec_from_file_location" in src  # --reward.remote_url FILE.py loads reward_func
-
-
 @pytest.mark.parametrize("flag", ["--actor.eps_clip_low_high", "--actor.loss_agg_mode", "--actor.policy_loss_type"])
 def test_flags_the_argv_builder_relies_on(flag):
     from nsr.openrlhf.cli import build_parser

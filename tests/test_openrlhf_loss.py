@@ -46,7 +46,9 @@ GLOBAL = [
 @pytest.mark.parametrize("dual_clip", [None, 3.0])
 @pytest.mark.parametrize("token_level_loss", [True, False])
 @pytest.mark.parametrize("norm", range(len(GLOBAL)))
-@pytest.mark.parametrize("settings", [None, NSRSettings.make(rule="nsr", delta=0.0), NSRSettings.make(rule="soft", delta=0.0)])
+@pytest.mark.parametrize(
+    "settings", [None, NSRSettings.make(rule="nsr", delta=0.0), NSRSettings.make(rule="soft", delta=0.0)]
+)
 def test_equals_policy_loss(level, dual_clip, token_level_loss, norm, settings):
     eps = (0.2, 0.28) if level == "token" else (3e-4, 4e-4)
     kwargs = dict(

@@ -5,6 +5,8 @@ worker thread OpenRLHF calls it from."""
 import asyncio
 import importlib.util
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,45 @@ def test_reward_func_in_openrlhfs_worker_thread():
 def test_reward_func_is_total(bad):
     out = reward.reward_func(*bad)
     assert out["rewards"].tolist() == [0.0]
+
+
+TOWERS = ["9^{9^{9}}", "10^{10^{10}}", "2^{2^{2^{2^{2^{2}}}}}"]
+
+
+@pytest.mark.parametrize("tower", TOWERS)
+def test_exponent_towers_score_zero_within_the_bound_from_a_worker_thread(tower, monkeypatch):
+    """A big-integer power cannot be interrupted inside the process (not by math-verify's signal timeouts, which
+    do not even arm in a worker thread); the worker process is killed after TIMEOUT_S and the answer scores 0."""
+    monkeypatch.setattr(reward, "TIMEOUT_S", 1.0)
+    reward.score("\\boxed{1}", "1")  # a warm worker: the bound below is the comparison's alone
+    out, start = {}, time.monotonic()
+    t = threading.Thread(
+        target=lambda: out.update(reward.reward_func([PROMPT + f"\\boxed{{{tower}}}"], [PROMPT], ["1"]))
+    )
+    t.start()
+    t.join(timeout=30)
+    elapsed = time.monotonic() - start
+    assert not t.is_alive(), f"reward_func({tower}) did not return within 30 s"
+    assert out["rewards"].tolist() == [0.0]
+    assert elapsed < 1.0 + 15  # the timeout plus killing the worker (and torch's first import), never the power
+    # the killed worker is replaced: the next answer is scored normally
+    assert reward.reward_func([PROMPT + "\\boxed{34}"], [PROMPT], ["34"])["rewards"].tolist() == [1.0]
+
+
+def test_openrlhfs_own_loader_and_thread_offload_call_our_file():
+    """OpenRLHF's SingleTurnAgentExecutor loads --reward.remote_url FILE.py and awaits reward_func per sample through
+    asyncio.to_thread (utils/agent.py); the rewards it gets back are ours."""
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+    ex = SingleTurnAgentExecutor(str(REWARD_FILE))
+    assert ex.reward_func.__name__ == "reward_func" and ex.reward_func.__module__ == "reward_func"
+    cases = CASES[:4] + [c for c in CASES if c["want"] == 0][:3]
+    outs = asyncio.run(
+        ex._fetch_rewards_via_func(
+            [PROMPT + _response(c) for c in cases], [PROMPT] * len(cases), [c["label"] for c in cases]
+        )
+    )
+    assert [o["rewards"].item() for o in outs] == [c["want"] for c in cases]
 
 
 def test_last_boxed():

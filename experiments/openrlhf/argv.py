@@ -123,8 +123,8 @@ def check(cfg: RunConfig) -> None:
         _fail(str(e))
     if cfg.eval.every and cfg.eval.every % o.save_steps:
         _fail(
-            f"eval.every={cfg.eval.every} is not valid with openrlhf.save_steps={o.save_steps}: the evaluator reads the "
-            f"HF checkpoints written every save_steps; allowed: a multiple of {o.save_steps}, or 0 (last step only)"
+            f"eval.every={cfg.eval.every} is not valid with openrlhf.save_steps={o.save_steps}: the evaluator reads "
+            f"the HF checkpoints written every save_steps; allowed: a multiple of {o.save_steps}, or 0 (last step only)"
         )
     if o.dynamic_filtering and o.lr_scheduler not in CONSTANT_SCHEDULES:
         _fail(

@@ -36,7 +36,7 @@ CKPT_MAX_NUM = 2
 """DeepSpeed checkpoints OpenRLHF keeps (``--ckpt.max_num``): >= 2, so a preemption while one is written leaves the
 previous one whole (OpenRLHF deletes the oldest before it writes the next)."""
 BYTES_DS = 16
-"""Bytes per parameter of one DeepSpeed checkpoint: bf16 weights (2) + fp32 master weights (4) + Adam m, v (8) + slack."""
+"""Bytes per parameter of a DeepSpeed checkpoint: bf16 weights (2), fp32 master weights (4), Adam m, v (8), slack."""
 BYTES_HF = 2
 """Bytes per parameter of one HF checkpoint (bf16 safetensors)."""
 MODEL_PARAMS = {
@@ -74,7 +74,7 @@ class RunPlan:
 
 
 def rows_needed(cfg: RunConfig) -> int:
-    """Prompt rows a run may draw (``--data.max_samples``): steps x prompts, x FILTER_HEADROOM with dynamic filtering."""
+    """Prompt rows a run may draw (``--data.max_samples``): steps x prompts, x FILTER_HEADROOM if dynamic filtering."""
     base = cfg.train.steps * cfg.rollout.prompts_per_step
     return base * FILTER_HEADROOM if cfg.openrlhf.dynamic_filtering else base
 

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from nsr.config import AdvantageConfig
 from nsr import seeds
+from nsr.config import AdvantageConfig
 
 
 def _order(experiences) -> list[torch.Tensor]:

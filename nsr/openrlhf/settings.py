@@ -87,7 +87,9 @@ class NSRSettings:
         known = _flags()
         bad = sorted(set(flags) - set(known))
         if bad:
-            raise ValueError(f"unknown flag {PREFIX}{bad[0]}; allowed --nsr flags: {', '.join(PREFIX + k for k in known)}")
+            raise ValueError(
+                f"unknown flag {PREFIX}{bad[0]}; allowed --nsr flags: {', '.join(PREFIX + k for k in known)}"
+            )
         loss = {k: v for k, v in flags.items() if known[k][0] is LossConfig}
         adv = {k[len(ADV_PREFIX) :]: v for k, v in flags.items() if known[k][0] is AdvantageConfig}
         own = {k: v for k, v in flags.items() if known[k][0] is NSRSettings}
@@ -136,7 +138,7 @@ class NSRSettings:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        for name, (_, f, hint) in _flags().items():
+        for name, (_, _, hint) in _flags().items():
             conv, choices = _converter(hint)
             parser.add_argument(
                 f"{PREFIX}{name}", dest=f"nsr_{name}", type=conv, choices=choices, default=argparse.SUPPRESS
