@@ -1,0 +1,51 @@
+"""The ``trl`` backend: TRL 1.16.0's real GRPOTrainer loop with any ``nsr`` rule (nsr.trl.NSRGRPOTrainer).
+
+    python -m experiments.run sweeps/presets/trl-tiny.yaml loss.rule=nsr --out /tmp/trl-nsr   # CPU, minutes
+    python -m experiments.run sweeps/presets/trl-qwen2.5-math-1.5b.yaml loss.rule=nsr          # one GPU
+
+Modules: model (tiny Qwen2, character tokenizer, Countdown-3 dataset and reward), train (RunConfig -> GRPOConfig,
+the run folder written from TRL's log, resume from TRL's checkpoints).
+"""
+
+from __future__ import annotations
+
+TINY_MODELS = ("tiny-qwen2",)
+"""Models built in code on the tiny testbed's vocabulary; any other model.name is a HF model id or local path."""
+TASKS = ("countdown3", "add3", "math")
+
+
+def check_config(cfg) -> None:
+    """trl-backend checks of a RunConfig, run at its construction (before any run folder exists).
+
+    Raises ConfigError naming the key and the allowed values.
+    """
+    from experiments.config import _check
+
+    ro, tr = cfg.rollout, cfg.train
+    tiny = cfg.model.name in TINY_MODELS
+    _check("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
+    if tiny or cfg.task.name != "math":
+        allowed = f"{', '.join(TINY_MODELS)} with task countdown3 / add3; a HF model with task math"
+        _check("model", "name", tiny and cfg.task.name != "math", allowed, cfg.model.name)
+        from experiments.tiny.task import N_POSITIONS
+        from experiments.tiny.task import TASKS as TINY_TASKS
+
+        task, new = TINY_TASKS[cfg.task.name], ro.max_new_tokens
+        allowed = f">= {task.answer_len} (a correct {task.name} answer and its EOS)"
+        _check("rollout", "max_new_tokens", new >= task.answer_len, allowed, new)
+        allowed = f"<= {N_POSITIONS - task.prompt_len} (the tiny model's context)"
+        _check("rollout", "max_new_tokens", task.prompt_len + new <= N_POSITIONS, allowed, new)
+        allowed = f"<= {task.n_eval} (the held-out split of {task.name})"
+        _check("eval", "n_prompts", cfg.eval.n_prompts <= task.n_eval, allowed, cfg.eval.n_prompts)
+    else:
+        _check("task", "train_data", bool(cfg.task.train_data), "a prompt JSONL (experiments.openrlhf.data)", "")
+    samples = ro.prompts_per_step * ro.samples_per_prompt
+    allowed = f"a divisor of prompts_per_step x samples_per_prompt = {samples}"
+    _check("train", "minibatches", samples % tr.minibatches == 0, allowed, tr.minibatches)
+    per_step = samples // tr.minibatches
+    micro = cfg.trl.micro_batch_size or per_step
+    allowed = f"0 or a divisor of the minibatch size {per_step} (samples / train.minibatches)"
+    _check("trl", "micro_batch_size", per_step % micro == 0, allowed, cfg.trl.micro_batch_size)
+    allowed = "a number in (0, 1]"
+    _check("trl", "vllm_gpu_memory_utilization", 0 < cfg.trl.vllm_gpu_memory_utilization <= 1, allowed,
+           cfg.trl.vllm_gpu_memory_utilization)  # fmt: skip

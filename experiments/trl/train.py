@@ -1,0 +1,264 @@
+"""The trl backend of ``experiments.run``: a RunConfig run by TRL's GRPOTrainer loop (nsr.trl.NSRGRPOTrainer).
+
+    python -m experiments.run sweeps/presets/trl-tiny.yaml loss.rule=nsr --out /tmp/trl-nsr
+
+RunConfig -> GRPOConfig: one RL step = one TRL generation batch of rollout.prompts_per_step x samples_per_prompt
+completions (``generation_batch_size``), split into train.minibatches optimizer steps (``steps_per_generation``,
+gradient accumulation over trl.micro_batch_size sequences) and reused for train.epochs passes (``num_iterations``),
+so K = minibatches x epochs optimizer steps per RL step and ``max_steps`` = train.steps x K. TRL logs every K
+optimizer steps, i.e. once per RL step, averaging its metrics over the step: each log becomes one metrics.jsonl row.
+
+Run folder (experiments/rundir.py): config.yaml and status.json by ``experiments.run``; metrics.jsonl per RL step
+(the clip and rescue fractions of nsr.METRIC_KEYS, as the tiny backend names them); eval.jsonl at step 0, every
+eval.every steps and at the last step, with per-sample labels (tiny tasks: the testbed's evaluator and eval set;
+math: the offline evaluator's benchmarks and scorer); TRL's checkpoints in ``trl_checkpoints/`` every
+logging.checkpoint_every RL steps. A folder with a checkpoint resumes from the latest one (TRL restores model,
+optimizer, scheduler and RNG states), its logs cut back to that step. Tiny models start from the testbed's cached SFT
+warm start (experiments/tiny/sft.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from experiments.config import RunConfig
+from experiments.rundir import RunDir
+
+CHECKPOINT_DIR = "trl_checkpoints"
+
+
+def optimizer_steps_per_rl_step(cfg: RunConfig) -> int:
+    return cfg.train.minibatches * cfg.train.epochs
+
+
+def grpo_config(cfg: RunConfig, output_dir: str | Path, progress: bool = False):
+    """The GRPOConfig of ``cfg`` (every value from the RunConfig; TRL defaults only where the RunConfig is silent)."""
+    from trl import GRPOConfig
+
+    from nsr.trl import AGG_MODE_OF_LOSS_TYPE, LOSS_TYPES
+
+    ro, tr, lo = cfg.rollout, cfg.train, cfg.loss
+    samples = ro.prompts_per_step * ro.samples_per_prompt
+    per_step = samples // tr.minibatches
+    micro = cfg.trl.micro_batch_size or per_step
+    k = optimizer_steps_per_rl_step(cfg)
+    every = cfg.logging.checkpoint_every
+    cuda = torch.cuda.is_available()
+    loss_type = next(t for t in LOSS_TYPES if AGG_MODE_OF_LOSS_TYPE[t] == tr.agg_mode)
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        use_cpu=not cuda,
+        bf16=cfg.trl.bf16 and cuda,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        # one RL step = one generation batch, minibatches x epochs optimizer steps on it
+        num_generations=ro.samples_per_prompt,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=per_step // micro,
+        steps_per_generation=tr.minibatches * (per_step // micro),
+        num_iterations=tr.epochs,
+        max_steps=tr.steps * k,
+        max_completion_length=ro.max_new_tokens,
+        temperature=ro.temperature,
+        top_p=1.0,
+        top_k=0,
+        # optimizer
+        learning_rate=tr.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=tr.adam_betas[0],
+        adam_beta2=tr.adam_betas[1],
+        weight_decay=tr.weight_decay,
+        max_grad_norm=tr.grad_clip,
+        gradient_checkpointing=cfg.trl.gradient_checkpointing,
+        # loss: the rule is nsr's; TRL's settings agree with it (NSRGRPOTrainer checks)
+        loss_type=loss_type,
+        epsilon=lo.eps_low,
+        epsilon_high=lo.eps_high,
+        importance_sampling_level=lo.level,
+        beta=tr.kl_coef,
+        entropy_coef=tr.entropy_coef,
+        mask_truncated_completions=False,
+        use_vllm=cfg.trl.use_vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=cfg.trl.vllm_gpu_memory_utilization,
+        # logging and checkpoints: once per RL step
+        logging_steps=k,
+        save_strategy="steps" if every else "no",
+        save_steps=max(every, 1) * k,
+        save_total_limit=1,
+        report_to="none",
+        disable_tqdm=not progress,
+        log_completions=False,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
+
+
+def _tiny_parts(cfg: RunConfig, progress: bool):
+    """(model, tokenizer, dataset, reward function, evaluate) for a model built in code on a testbed task."""
+    from experiments.tiny.evaluate import evaluate
+    from experiments.tiny.model import build_model
+    from experiments.tiny.rng import generator
+    from experiments.tiny.sft import warm_start
+    from experiments.tiny.task import get_task
+    from experiments.trl.model import char_tokenizer, task_reward, train_dataset  # registers tiny-qwen2
+
+    task = get_task(cfg.task.name)
+    state, _ = warm_start(cfg, progress=progress)
+    model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
+    model.load_state_dict(state)
+
+    def run_eval(model, step: int) -> list[dict]:
+        was_training = model.training
+        rows = evaluate(model, task, cfg, step)
+        model.train(was_training)
+        return rows
+
+    return model, char_tokenizer(), train_dataset(task), task_reward(task), run_eval
+
+
+def _math_parts(cfg: RunConfig, progress: bool):
+    """(model, tokenizer, dataset, reward function, evaluate) for a HF model on the math prompt files made by
+    ``python -m experiments.openrlhf.data`` (the OpenRLHF backend's data and scorer)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from experiments.openrlhf.evaluate import eval_rows, load_benchmark
+    from experiments.openrlhf.reward import score
+    from experiments.rundir import read_jsonl
+
+    tok = AutoTokenizer.from_pretrained(cfg.model.name)
+    dtype = torch.bfloat16 if cfg.trl.bf16 and torch.cuda.is_available() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.name, dtype=dtype)
+    rows = read_jsonl(Path(cfg.task.train_data))
+
+    def prompt(text: str):
+        return [{"role": "user", "content": text}] if cfg.task.chat_template else text
+
+    data = Dataset.from_dict({"prompt": [prompt(r["prompt"]) for r in rows], "label": [r["label"] for r in rows]})
+
+    def math_correct(prompts, completions, label, **kwargs) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [score(t, lab) for t, lab in zip(texts, label)]
+
+    def run_eval(model, step: int) -> list[dict]:
+        from experiments.trl.generate import sample_texts
+
+        out = []
+        for name in cfg.task.eval_benchmarks:
+            problems = load_benchmark(cfg, name)
+            prompts = [prompt(p["prompt"]) for p in problems]
+            for decoding, texts in sample_texts(model, tok, prompts, cfg, step).items():
+                out += eval_rows(step, name, problems, texts, decoding)
+        return out
+
+    return model, tok, data, math_correct, run_eval
+
+
+def _metrics_row(step: int, logs: dict, extremes: tuple[float, float], wall_s: float) -> dict:
+    """One metrics.jsonl row from TRL's log of an RL step (names as the tiny backend's rows)."""
+    from nsr import METRIC_KEYS
+
+    row = {
+        "step": step,
+        "reward_mean": logs.get("reward"),
+        "entropy": logs.get("entropy"),
+        "response_len": logs.get("completions/mean_length"),
+        **{k: logs.get(f"nsr/{k}") for k in METRIC_KEYS if k not in ("ratio_min", "ratio_max", "approx_kl")},
+        "ratio_min": extremes[0],
+        "ratio_max": extremes[1],
+        "ppo_kl": logs.get("nsr/approx_kl"),
+        "policy_loss": logs.get("nsr/policy_loss"),
+        "grad_norm": logs.get("grad_norm"),
+        "adv_abs_mean": logs.get("nsr/adv_abs_mean"),
+        "mixed_group_frac": logs.get("nsr/mixed_group_frac"),
+        "wall_s": wall_s,
+    }
+    if "kl" in logs:
+        row["ref_kl"] = logs["kl"]
+    return row
+
+
+def _eval_due(cfg: RunConfig, step: int) -> bool:
+    return step == cfg.train.steps or (cfg.eval.every > 0 and step % cfg.eval.every == 0)
+
+
+def latest_checkpoint(rd: RunDir) -> Path | None:
+    """The newest complete TRL checkpoint folder of the run (trainer_state.json written last), or None."""
+    folder = rd.path / CHECKPOINT_DIR
+    done = [p for p in folder.glob("checkpoint-*") if (p / "trainer_state.json").exists()] if folder.is_dir() else []
+    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after: int | None = None):
+    """(NSRGRPOTrainer of ``cfg`` writing into ``rd``, evaluate function). ``stop_after``: the trainer stops after
+    this RL step as if killed (tests of the resume path)."""
+    from transformers import PrinterCallback, TrainerCallback
+
+    from nsr.trl import NSRGRPOTrainer
+
+    parts = _tiny_parts if cfg.task.name != "math" else _math_parts
+    model, tok, data, reward, run_eval = parts(cfg, progress)
+    k = optimizer_steps_per_rl_step(cfg)
+
+    class RunFolder(TrainerCallback):
+        """Writes TRL's per-RL-step log as a metrics.jsonl row, and the eval due at that step."""
+
+        def __init__(self):
+            self.t0 = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "train_runtime" in logs or state.global_step % k:  # the end-of-training summary
+                return
+            step = state.global_step // k
+            wall = time.perf_counter() - self.t0
+            rd.append("metrics.jsonl", [_metrics_row(step, logs, trainer.pop_ratio_extremes(), wall)])
+            if _eval_due(cfg, step):
+                rd.append("eval.jsonl", run_eval(trainer.model, step))
+            if stop_after is not None and step >= stop_after:
+                control.should_training_stop = True
+            self.t0 = time.perf_counter()
+
+    trainer = NSRGRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=grpo_config(cfg, rd.path / CHECKPOINT_DIR, progress),
+        train_dataset=data,
+        processing_class=tok,
+        callbacks=[RunFolder()],
+        loss=cfg.loss,
+        advantages=cfg.advantages,
+        seed=cfg.seed,
+    )
+    trainer.remove_callback(PrinterCallback)  # TRL's log goes to metrics.jsonl, not stdout
+    return trainer, run_eval
+
+
+def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int | None = None) -> None:
+    """Run ``cfg`` on the trl backend into ``rd``, resuming from its latest TRL checkpoint if there is one.
+
+    ``stop_after``: end after this RL step as if killed (tests of the resume path), leaving the folder unfinished.
+    """
+    from experiments.tiny import set_threads
+
+    set_threads()
+    progress = progress and cfg.logging.progress
+    trainer, run_eval = build_trainer(cfg, rd, progress, stop_after)
+    resume = latest_checkpoint(rd)
+    if resume is None:
+        shutil.rmtree(rd.path / CHECKPOINT_DIR, ignore_errors=True)
+        rd.reset_logs()
+        rd.append("eval.jsonl", run_eval(trainer.model, 0))
+    else:
+        rd.truncate_logs(int(resume.name.split("-")[1]) // optimizer_steps_per_rl_step(cfg))
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if stop_after is not None and stop_after < cfg.train.steps:
+        return
+    rd.compress_eval()
+    if not cfg.logging.keep_checkpoint:
+        shutil.rmtree(rd.path / CHECKPOINT_DIR, ignore_errors=True)
