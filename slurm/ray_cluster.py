@@ -1,10 +1,15 @@
-"""A Ray cluster over a SLURM allocation, for multi-node OpenRLHF runs (notes/openrlhf.md section 8; Ray 2.55.0).
+"""A Ray cluster over a SLURM allocation, for multi-node OpenRLHF runs (docs/cluster.md; Ray 2.55.0).
 
 Every task of the allocation (one per node, as slurm.submit asks for ``nodes`` x 1 task) calls
 :func:`on_ray_cluster`: task 0 starts the Ray head on its node, the others join it, task 0 waits until all nodes
 are in and runs the payload (the OpenRLHF launcher, whose ``ray.init()`` finds the cluster through
 ``RAY_ADDRESS``), then writes a done file; the others leave when they see it (or when the head is gone) and every
 task runs ``ray stop``. A requeued job gets a new done file (job id + SLURM_RESTART_COUNT).
+
+The head's port is ``NSR_RAY_PORT``: unset = 6379 (Ray's default), a number, or ``auto`` = a port derived from the
+job id (20000 + job id mod 20000), for sites where two jobs may share a node or 6379 is taken. Set it in the site
+file's ``setup`` lines (slurm/cluster.yaml). Every node imports this package from its install (a venv on the shared
+file system), not from a path.
 
 Check the bootstrap on a site before a long run (prints the nodes and resources Ray sees):
     srun -N 2 --ntasks-per-node=1 python -m slurm.ray_cluster
@@ -23,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PORT = int(os.environ.get("NSR_RAY_PORT", "6379"))
+DEFAULT_PORT = 6379
 _WAIT = """
 import sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
@@ -33,6 +38,20 @@ print(sum(1 for n in ray.nodes() if n["Alive"]))
 
 class RayBootstrapError(RuntimeError):
     """The Ray cluster could not be formed within the time limit."""
+
+
+def ray_port(env: dict | None = None) -> int:
+    """The head port from ``NSR_RAY_PORT`` (module doc); a clear error for anything else."""
+    env = os.environ if env is None else env
+    value = env.get("NSR_RAY_PORT", "").strip()
+    if not value:
+        return DEFAULT_PORT
+    if value == "auto":
+        job = env.get("SLURM_JOB_ID", "0")
+        return 20000 + int(job) % 20000 if job.isdigit() else DEFAULT_PORT
+    if value.isdigit() and 1024 <= int(value) <= 65535:
+        return int(value)
+    raise RayBootstrapError(f"NSR_RAY_PORT={value!r} is not valid; allowed: unset (6379), auto, or 1024 .. 65535")
 
 
 def _ray() -> str:
@@ -72,15 +91,16 @@ def _alive_nodes(address: str) -> int:
 def on_ray_cluster(fn: Callable[[], Any], done_file: str | os.PathLike, timeout_s: float = 600) -> Any:
     """Run ``fn`` on task 0 once all tasks' nodes have joined one Ray cluster; other tasks return None."""
     rank, world, head, tag = _task()
+    port = ray_port()
     ip = socket.gethostbyname(head)
-    address = f"{ip}:{PORT}"
+    address = f"{ip}:{port}"
     done = Path(f"{done_file}.{tag}")
     ray = _ray()
     common = ["--disable-usage-stats", "--include-dashboard=false"] if rank == 0 else ["--disable-usage-stats"]
     deadline = time.time() + timeout_s
     try:
         if rank == 0:
-            subprocess.run([ray, "start", "--head", f"--node-ip-address={ip}", f"--port={PORT}", *common], check=True)
+            subprocess.run([ray, "start", "--head", f"--node-ip-address={ip}", f"--port={port}", *common], check=True)
             while (n := _alive_nodes(address)) < world:
                 if time.time() > deadline:
                     raise RayBootstrapError(f"only {n} of {world} nodes joined the Ray head at {address}")
@@ -91,14 +111,14 @@ def on_ray_cluster(fn: Callable[[], Any], done_file: str | os.PathLike, timeout_
             finally:
                 done.parent.mkdir(parents=True, exist_ok=True)
                 done.write_text(json.dumps({"time": time.time()}))
-        while not _reachable(ip, PORT):
+        while not _reachable(ip, port):
             if time.time() > deadline:
                 raise RayBootstrapError(f"the Ray head at {address} did not come up")
             time.sleep(1)
         subprocess.run([ray, "start", f"--address={address}", *common], check=True)
         misses = 0
         while not done.exists() and misses < 3:  # leave when task 0 is done, or its head is gone
-            misses = 0 if _reachable(ip, PORT) else misses + 1
+            misses = 0 if _reachable(ip, port) else misses + 1
             time.sleep(2)
         return None
     finally:

@@ -27,7 +27,7 @@ def _read(path):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("data")
-    argv = ["--out", str(out), "--epochs", "4"] + [a for n, p in LOCAL.items() for a in ("--source", f"{n}={p}")]
+    argv = ["--out", str(out), "--rows", "10"] + [a for n, p in LOCAL.items() for a in ("--source", f"{n}={p}")]
     assert data.main(argv) == 0
     return out
 
@@ -45,7 +45,7 @@ def test_every_benchmark_is_written(prepared):
 
 def test_dapo_train_set_is_deduplicated_unwrapped_and_repeated(prepared):
     rows = _read(prepared / "dapo-math-17k.jsonl")
-    assert len(rows) == 3 * 4  # 3 distinct problems (shipped 3 times each) x 4 passes
+    assert len(rows) == 3 * 4  # 3 distinct problems (shipped 3 times each): 4 whole passes reach --rows 10
     first = rows[:3]
     assert sorted(r["problem_id"] for r in first) == ["idx-0", "idx-1", "idx-2"]  # each pass is a whole pass
     prompt = next(r["prompt"] for r in rows if r["problem_id"] == "idx-1")

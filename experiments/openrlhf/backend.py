@@ -1,17 +1,22 @@
 """The cluster backend: one RunConfig -> one OpenRLHF 0.11.2 training run (through the NSR launcher), then the
-offline evaluator, writing the run folder contract (design.md). Called by ``python -m experiments.run`` for
+offline evaluator, writing the run folder contract (docs/design.md). Called by ``python -m experiments.run`` for
 ``backend: openrlhf``; ``run()`` there sets status.json around it.
 
     python -m experiments.run sweeps/presets/qwen2.5-math-7b-dapo.yaml loss.rule=nsr     # inside an allocation
     python -m experiments.run --sweep sweeps/main.yaml --dry-run                         # print the commands
 
-Resume: OpenRLHF reloads its latest DeepSpeed checkpoint (``--ckpt.load_enable``) and continues from its
-global_step; metrics.jsonl rows after that step are cut first, so a resumed run ends with one row per step.
+Before the launcher starts: the data file must hold the rows the run may draw (experiments/openrlhf/plan.py), and
+the DeepSpeed checkpoint OpenRLHF will resume from is checked (:func:`repair_checkpoints`): ``latest`` must name a
+whole checkpoint, else it is pointed at the newest whole one (or the run starts over), and half-written folders are
+removed; metrics.jsonl rows after that step are cut, so a resumed run ends with one row per step.
+After training: the run must have reached ``train.steps`` (else it failed: the prompts ran out), the DeepSpeed
+checkpoints (only needed to resume training) and HF folders the evaluator will not read are deleted, and a requeued
+job that finds training finished goes straight to evaluation. After evaluation the HF folders are deleted too
+unless ``logging.keep_checkpoint``.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -22,42 +27,102 @@ import yaml
 from experiments.config import ConfigError, RunConfig
 from experiments.openrlhf.argv import build_command
 from experiments.openrlhf.data import count_rows
+from experiments.openrlhf.evaluate import STEP_DIR
 from experiments.openrlhf.metrics import rows_from_tensorboard
+from experiments.openrlhf.plan import FILTER_HEADROOM, eval_steps, rows_needed, train_data_path
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
+
+CKPT_DONE_FILE = "metric.json"
+"""OpenRLHF writes this into a DeepSpeed checkpoint folder after DeepSpeed's save returned on every rank."""
+STEP_TAG = "global_step"
+
+
+def _tag_step(tag: str) -> int | None:
+    rest = tag.removeprefix(STEP_TAG)
+    return int(rest) if tag.startswith(STEP_TAG) and rest.isdigit() else None
+
+
+def repair_checkpoints(ckpt: Path) -> int | None:
+    """Make ``<ckpt>/_actor/latest`` name a whole DeepSpeed checkpoint before OpenRLHF resumes from it.
+
+    A folder is whole when OpenRLHF's ``metric.json`` is in it, or when it is the one ``latest`` names (DeepSpeed
+    writes ``latest`` after every rank saved). Half-written folders (a save cut by preemption) are removed, so
+    OpenRLHF's rotation cannot delete the whole one in their favour; when ``latest`` names a missing or half-written
+    folder it is pointed at the newest whole one; with none left, ``_actor`` is removed and the run starts over.
+
+    Returns the RL step OpenRLHF will resume from, or None for a fresh start.
+    """
+    actor = ckpt / "_actor"
+    if not actor.is_dir():
+        return None
+    latest = actor / "latest"
+    named = latest.read_text().strip() if latest.is_file() else None
+    folders = {d.name: d for d in actor.iterdir() if d.is_dir() and _tag_step(d.name) is not None}
+    whole = {t for t, d in folders.items() if (d / CKPT_DONE_FILE).is_file() or (t == named and any(d.iterdir()))}
+    for tag in set(folders) - whole:
+        shutil.rmtree(folders[tag])
+    if not whole:
+        shutil.rmtree(actor)
+        return None
+    if named not in whole:
+        named = max(whole, key=_tag_step)
+        latest.write_text(named)
+    return _tag_step(named)
 
 
 def resume_step(rd: RunDir) -> int | None:
     """global_step of the DeepSpeed checkpoint OpenRLHF will resume from (its ``latest`` tag file), or None."""
     latest = rd.path / "ckpt" / "_actor" / "latest"
-    if not latest.is_file():
-        return None
-    tag = latest.read_text().strip()
-    return int(tag.removeprefix("global_step")) if tag.removeprefix("global_step").isdigit() else None
+    return _tag_step(latest.read_text().strip()) if latest.is_file() else None
 
 
 def check_data(cfg: RunConfig) -> None:
-    """The train file exists and holds steps x prompts_per_step rows (OpenRLHF would silently train fewer steps)."""
-    path = Path(cfg.task.train_data)
-    path = path if path.is_absolute() else REPO_ROOT / path
+    """The train file exists and holds the rows the run may draw (plan.rows_needed; OpenRLHF would silently train
+    fewer steps)."""
+    path = train_data_path(cfg)
     if not path.is_file():
         raise ConfigError(
             f"task.train_data={cfg.task.train_data!r}: no such file; make it with: python -m experiments.openrlhf.data"
         )
-    need = cfg.train.steps * cfg.rollout.prompts_per_step
+    need = rows_needed(cfg)
     have = count_rows(path)
     if have < need:
         raise ConfigError(
-            f"task.train_data has {have} rows, train.steps x rollout.prompts_per_step = {need} needed; allowed: "
-            "fewer train.steps, or more passes (python -m experiments.openrlhf.data --epochs N)"
+            f"task.train_data has {have} rows, {need} needed (train.steps x rollout.prompts_per_step"
+            f"{f', x {FILTER_HEADROOM} for dynamic filtering' if cfg.openrlhf.dynamic_filtering else ''}); "
+            f"allowed: fewer train.steps, or more rows (python -m experiments.openrlhf.data --rows {need})"
         )
 
 
+def last_step(rd: RunDir) -> int:
+    rows = read_jsonl(rd.metrics_path) if rd.metrics_path.exists() else []
+    return max((r["step"] for r in rows), default=0)
+
+
+def training_finished(rd: RunDir, cfg: RunConfig) -> bool:
+    """metrics.jsonl reaches train.steps and OpenRLHF wrote its final HF model."""
+    return last_step(rd) >= cfg.train.steps and (rd.path / "ckpt" / "final_hf").is_dir()
+
+
+def prune_checkpoints(rd: RunDir, cfg: RunConfig) -> list[Path]:
+    """After training: delete the DeepSpeed checkpoints and the HF folders of steps the evaluator does not read."""
+    ckpt = rd.path / "ckpt"
+    keep = set(eval_steps(cfg))
+    gone = [ckpt / "_actor"] if (ckpt / "_actor").is_dir() else []
+    for d in ckpt.glob("global_step*_hf") if ckpt.is_dir() else []:
+        m = STEP_DIR.fullmatch(d.name)
+        if m and int(m.group(1)) not in keep:
+            gone.append(d)
+    for d in gone:
+        shutil.rmtree(d)
+    return gone
+
+
 def _run_logged(argv: list[str], log: Path) -> None:
-    """Run ``argv`` from the repo root (Ray workers import nsr from the driver's working directory), output to
-    ``log``; on any exception (SIGTERM -> Cancelled included) the child is stopped before re-raising."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    """Run ``argv`` from the repo root (the package itself is imported from its install, ``pip install -e .``),
+    output to ``log``; on any exception (SIGTERM -> Cancelled included) the child is stopped before re-raising."""
     with open(log, "a") as out:
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
         try:
             rc = proc.wait()
         except BaseException:
@@ -76,18 +141,27 @@ def run_openrlhf(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
     meta = (yaml.safe_load(rd.config_path.read_text()) or {}).get("meta", {}) if rd.config_path.exists() else {}
     run_id = meta.get("run_id") or rd.path.name
     cmd = build_command(cfg, rd.path, run_id)  # refusals before anything starts
-    check_data(cfg)
-    step = resume_step(rd)
-    if step is None:
-        rd.reset_logs()
-    else:
-        rd.truncate_logs(step)
-    _run_logged(cmd.argv, rd.path / "openrlhf.log")
-    if not rd.metrics_path.exists() or not read_jsonl(rd.metrics_path):  # fall back to the TensorBoard mirror
-        rows = rows_from_tensorboard(rd.path / "tensorboard")
-        if not rows:
-            raise RuntimeError(f"{rd.path}: OpenRLHF finished without logging a single step")
-        rd.append("metrics.jsonl", rows)
+    if not training_finished(rd, cfg):  # a requeued job whose training had ended goes on to the evaluation
+        check_data(cfg)
+        step = repair_checkpoints(rd.path / "ckpt")
+        if step is None:
+            rd.reset_logs()
+        else:
+            rd.truncate_logs(step)
+        _run_logged(cmd.argv, rd.path / "openrlhf.log")
+        if not rd.metrics_path.exists() or not read_jsonl(rd.metrics_path):  # fall back to the TensorBoard mirror
+            rows = rows_from_tensorboard(rd.path / "tensorboard")
+            if not rows:
+                raise RuntimeError(f"{rd.path}: OpenRLHF finished without logging a single step")
+            rd.append("metrics.jsonl", rows)
+        done = last_step(rd)
+        if done < cfg.train.steps:
+            raise RuntimeError(
+                f"{rd.path}: OpenRLHF stopped at step {done} of train.steps={cfg.train.steps}: its prompts ran out "
+                f"(dynamic filtering kept fewer than 1/{FILTER_HEADROOM} of them); the run is not done. Raise "
+                f"plan.FILTER_HEADROOM, make more rows (python -m experiments.openrlhf.data) and run it again"
+            )
+    prune_checkpoints(rd, cfg)
     _run_logged([sys.executable, "-m", "experiments.openrlhf.evaluate", str(rd.path)], rd.path / "evaluate.log")
     rd.compress_eval()
     if not cfg.logging.keep_checkpoint:

@@ -6,8 +6,10 @@
 
 Each output row: ``{"prompt": problem + BOXED_INSTRUCTION, "label": answer, "datasource": name, "problem_id": id}``;
 OpenRLHF reads ``--data.input_key prompt --data.label_key label`` (experiments/openrlhf/argv.py) and reports eval
-metrics per ``datasource``. The train file holds the deduplicated problems ``--epochs`` times, each pass in a seeded
-order, so ``--data.max_samples = steps x prompts_per_step`` takes whole passes (OpenRLHF keeps the first rows).
+metrics per ``datasource``. The train file holds passes over the deduplicated problems, each pass in a seeded order,
+until it has ``--rows`` rows (default: the most any cluster preset may draw, plan.rows_needed, which counts the
+prompts dynamic filtering replaces). OpenRLHF keeps the first ``--data.max_samples`` rows and shuffles them as one
+pool, so a problem may come back before every other problem has been seen; over a run each is drawn about equally.
 DAPO-Math-17k ships every problem wrapped in its "Answer:" instruction, 100 times over; the problem is cut out
 and re-wrapped with the boxed instruction the reward (experiments/openrlhf/reward.py) checks.
 """
@@ -132,17 +134,29 @@ def count_rows(path: str | Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def prepare(out: Path, only: list[str], sources: dict[str, str], epochs: int, seed: int = 0) -> dict[str, int]:
-    """Write ``<out>/<name>.jsonl`` for each name; returns {name: rows written}."""
+def preset_rows() -> int:
+    """The most prompt rows any cluster preset may draw (experiments.openrlhf.plan.rows_needed)."""
+    from experiments.config import load_config
+    from experiments.openrlhf.plan import rows_needed
+
+    presets = sorted((REPO_ROOT / "sweeps" / "presets").glob("*.yaml"))
+    cfgs = [load_config(p) for p in presets]
+    return max(rows_needed(c) for c in cfgs if c.backend == "openrlhf")
+
+
+def prepare(out: Path, only: list[str], sources: dict[str, str], rows: int, seed: int = 0) -> dict[str, int]:
+    """Write ``<out>/<name>.jsonl`` for each name (a train set: whole passes until >= ``rows`` rows); returns
+    {name: rows written}."""
     written = {}
     for name in only:
-        rows = convert(name, load_rows(name, sources.get(name)))
-        if not rows:
+        problems = convert(name, load_rows(name, sources.get(name)))
+        if not problems:
             raise ValueError(f"{name}: no usable rows (problem and answer fields) in the source")
+        rows_out = problems
         if SOURCES[name].train:
-            rows = repeat_shuffled(rows, epochs, seed)
-        write_jsonl(out / f"{name}.jsonl", rows)
-        written[name] = len(rows)
+            rows_out = repeat_shuffled(problems, -(-rows // len(problems)), seed)
+        write_jsonl(out / f"{name}.jsonl", rows_out)
+        written[name] = len(rows_out)
     return written
 
 
@@ -155,7 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--only", nargs="+", default=list(SOURCES), help=f"subset of: {', '.join(SOURCES)}")
     p.add_argument("--source", action="append", default=[], metavar="NAME=PATH", help="a local copy of a source")
-    p.add_argument("--epochs", type=int, default=10, help="passes over the train problems written (default 10)")
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="train rows to write at least (default: the most any cluster preset draws, with dynamic filtering's "
+        "headroom)",
+    )
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     try:
@@ -168,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--source {item!r} is not NAME=PATH")
             SOURCES[name]
             sources[name] = path
-        if a.epochs < 1:
-            raise ValueError(f"--epochs={a.epochs} is not valid; allowed: >= 1")
-        written = prepare(a.out, a.only, sources, a.epochs, a.seed)
+        rows = preset_rows() if a.rows is None else a.rows
+        if rows < 1:
+            raise ValueError(f"--rows={rows} is not valid; allowed: >= 1")
+        written = prepare(a.out, a.only, sources, rows, a.seed)
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -4,6 +4,12 @@ benchmarks with vLLM, one eval.jsonl row per sample, so ``analysis`` computes un
     python -m experiments.openrlhf.evaluate results/runs/main/<run_id>            # on a GPU node, after training
     python -m experiments.openrlhf.evaluate RUN_DIR --steps 0 400 --tp 2           # some steps, 2-GPU tensor parallel
 
+Steps: 0 (the base model), every ``eval.every`` and the last (``train.steps``, OpenRLHF's ``final_hf``). Per
+checkpoint, one vLLM engine per group of ``--tp`` GPUs of this node (all visible GPUs are used), each in its own
+subprocess that generates its share of every benchmark's prompts and exits, so the GPU memory is freed by the process
+ending rather than by ``del``; per-request sampling seeds make the samples independent of the split. Other nodes of
+a multi-node allocation stay idle during evaluation (it is short next to training).
+
 Rows: ``{"step", "benchmark", "problem_id", "decoding": "sampled" | "greedy", "sample", "correct"}`` with
 ``eval.n_samples`` samples per problem at ``eval.temperature`` (and one greedy sample when ``eval.greedy``), scored by
 the training reward (experiments/openrlhf/reward.py). Checkpoints: ``RUN/ckpt/global_step<N>_hf`` (OpenRLHF's
@@ -15,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from experiments.config import RunConfig, load_config
+from experiments.openrlhf.plan import eval_steps
 from experiments.openrlhf.reward import score
 from experiments.rundir import RunDir, read_jsonl
 
@@ -27,8 +37,8 @@ STEP_DIR = re.compile(r"global_step(\d+)_hf")
 
 
 def checkpoints(run_dir: Path, cfg: RunConfig) -> dict[int, str]:
-    """{step: model path}: the base model at 0, each ``global_step<N>_hf`` folder, and ``final_hf`` at the last
-    logged step (unless a step checkpoint already covers it)."""
+    """{step: model path} of the steps to evaluate (0, every ``eval.every``, the last): the base model at 0, each
+    ``global_step<N>_hf`` folder, and ``final_hf`` at the last logged step (unless a step checkpoint covers it)."""
     rd = RunDir(run_dir)
     out = {0: cfg.model.name}
     ckpt = rd.path / "ckpt"
@@ -40,7 +50,8 @@ def checkpoints(run_dir: Path, cfg: RunConfig) -> dict[int, str]:
     if final.is_dir():
         logged = read_jsonl(rd.metrics_path) if rd.metrics_path.exists() else []
         out.setdefault(max((r["step"] for r in logged), default=cfg.train.steps), str(final))
-    return dict(sorted(out.items()))
+    wanted = {0, *eval_steps(cfg)}
+    return {s: m for s, m in sorted(out.items()) if s in wanted}
 
 
 def benchmark_file(cfg: RunConfig, name: str) -> Path:
@@ -79,7 +90,7 @@ def done_steps(rd: RunDir) -> set[int]:
 
 
 def _generate(model: str, prompts: list[str], cfg: RunConfig, tp: int) -> dict[str, list[list[str]]]:
-    """{decoding: completions per prompt} with vLLM (GPU). Chat template as in training."""
+    """{decoding: completions per prompt} with one vLLM engine on this process's GPUs. Chat template as in training."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, tensor_parallel_size=tp, seed=cfg.eval.seed, trust_remote_code=True)
@@ -99,8 +110,47 @@ def _generate(model: str, prompts: list[str], cfg: RunConfig, tp: int) -> dict[s
     }
     if cfg.eval.greedy:
         runs["greedy"] = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.rollout.max_new_tokens)
-    out = {k: [[o.text for o in r.outputs] for r in llm.generate(prompts, p)] for k, p in runs.items() if p.n > 0}
-    del llm
+    return {k: [[o.text for o in r.outputs] for r in llm.generate(prompts, p)] for k, p in runs.items() if p.n > 0}
+
+
+def gpu_groups(tp: int, visible: str | None = None, count: int | None = None) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` values, one per engine: this node's visible GPUs in groups of ``tp``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible:
+        ids = [x for x in visible.split(",") if x.strip()]
+    else:
+        if count is None:
+            import torch
+
+            count = torch.cuda.device_count()
+        ids = [str(i) for i in range(count)]
+    if tp < 1 or len(ids) < tp:
+        raise ValueError(f"--tp {tp}: {len(ids)} GPUs visible on this node; allowed: 1 .. {len(ids)}")
+    return [",".join(ids[i * tp : (i + 1) * tp]) for i in range(len(ids) // tp)]
+
+
+def generate_all(run_dir: Path, model: str, prompts: list[str], tp: int) -> dict[str, list[list[str]]]:
+    """:func:`_generate` over ``prompts``, split across one subprocess per GPU group; merged back in order."""
+    groups = gpu_groups(tp)
+    shares = [list(range(i, len(prompts), len(groups))) for i in range(len(groups))]
+    with tempfile.TemporaryDirectory(prefix="nsr-eval-") as tmp:
+        procs = []
+        for g, idx in zip(groups, shares):
+            if not idx:
+                continue
+            job = Path(tmp) / f"share{len(procs)}"
+            job.with_suffix(".in.json").write_text(json.dumps([prompts[i] for i in idx]))
+            argv = [sys.executable, "-m", "experiments.openrlhf.evaluate", str(run_dir), "--generate", model]
+            argv += ["--share", str(job), "--tp", str(tp)]
+            procs.append((subprocess.Popen(argv, env=dict(os.environ, CUDA_VISIBLE_DEVICES=g)), idx, job))
+        out: dict[str, list] = {}
+        for proc, idx, job in procs:
+            if proc.wait() != 0:
+                raise RuntimeError(f"evaluation of {model} on GPUs {groups} failed (exit {proc.returncode})")
+            for k, completions in json.loads(job.with_suffix(".out.json").read_text()).items():
+                merged = out.setdefault(k, [None] * len(prompts))
+                for i, c in zip(idx, completions):
+                    merged[i] = c
     return out
 
 
@@ -115,14 +165,17 @@ def evaluate(run_dir: str | Path, steps: list[int] | None = None, tp: int = 1) -
             raise ValueError(f"--steps {missing}: no checkpoint; allowed: {sorted(ckpts)}")
         ckpts = {s: ckpts[s] for s in steps}
     benches = {b: load_benchmark(cfg, b) for b in cfg.task.eval_benchmarks}  # all files checked before any GPU work
+    prompts = [p["prompt"] for problems in benches.values() for p in problems]
     written = 0
     for step, model in ckpts.items():
         if step in done_steps(rd):
             continue
-        rows = []
+        completions = generate_all(rd.path, model, prompts, tp)  # one engine per GPU group, all benchmarks
+        rows, at = [], 0
         for name, problems in benches.items():
-            for decoding, completions in _generate(model, [p["prompt"] for p in problems], cfg, tp).items():
-                rows += eval_rows(step, name, problems, completions, decoding)
+            for decoding, outs in completions.items():
+                rows += eval_rows(step, name, problems, outs[at : at + len(problems)], decoding)
+            at += len(problems)
         rd.append("eval.jsonl", rows)  # one step at a time: a preempted evaluation keeps the finished steps
         written += len(rows)
     return written
@@ -136,8 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("run_dir", type=Path)
     p.add_argument("--steps", type=int, nargs="+", help="only these steps (default: every checkpoint)")
-    p.add_argument("--tp", type=int, default=1, help="vLLM tensor parallel size")
+    p.add_argument("--tp", type=int, default=1, help="GPUs per vLLM engine (tensor parallel size)")
+    p.add_argument("--generate", metavar="MODEL", help=argparse.SUPPRESS)  # internal: one engine's share
+    p.add_argument("--share", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.generate:
+        cfg = load_config(RunDir(a.run_dir).config_path)
+        prompts = json.loads(Path(a.share + ".in.json").read_text())
+        Path(a.share + ".out.json").write_text(json.dumps(_generate(a.generate, prompts, cfg, a.tp)))
+        return 0
     try:
         n = evaluate(a.run_dir, a.steps, a.tp)
     except (ValueError, FileNotFoundError) as e:

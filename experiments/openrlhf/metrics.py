@@ -1,4 +1,4 @@
-"""OpenRLHF 0.11.2's logged ``train/*`` scalars, mapped onto the run folder's metrics.jsonl names (design.md).
+"""OpenRLHF 0.11.2's logged ``train/*`` scalars, mapped onto the run folder's metrics.jsonl names (docs/design.md).
 
 OpenRLHF's controller logs one dict per RL step (``PPOTrainer.save_logs_and_checkpoints``); its TensorBoard logger
 writes every key ``k`` as the scalar tag ``train/<k>`` at step ``global_step`` (so ``rollout/reward_mean`` becomes
@@ -13,7 +13,7 @@ per-micro-batch metrics), so one logged dict is one metrics.jsonl row.
 
 The launcher writes metrics.jsonl directly from the controller with :func:`row_from_logs`;
 :func:`rows_from_tensorboard` rebuilds the same rows from event files (a cluster run that only kept TensorBoard,
-or a plain OpenRLHF run). Keys a run did not log (e.g. ``entropy`` without ``--actor.entropy_coef``) are ``None``.
+or a plain OpenRLHF run). Keys a run did not log (e.g. ``rescue_frac`` in a plain OpenRLHF run) are ``None``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     # rollout/* is computed over every sample of the rollout before any split; reward / response_length are the
     # per-sample means over the micro-batches the actor trained on (drop_last may skip a few), used as fallback.
     "reward_mean": ("rollout/reward_mean", "reward"),
-    "entropy": ("entropy_loss",),  # mean token entropy; logged whenever --actor.entropy_coef is set (0 = log only)
+    # mean token entropy: OpenRLHF's (only with --actor.entropy_coef, a full-vocabulary tensor) or NSRPolicyLoss's
+    # Monte-Carlo estimate, the mean of -log p of the sampled tokens (free; what the cluster presets log)
+    "entropy": ("entropy_loss", "nsr_entropy_mc"),
     "response_len": ("rollout/response_length_mean", "response_length"),
     "clip_frac_low": ("nsr_clip_frac_low",),
     "clip_frac_high": ("nsr_clip_frac_high",),
@@ -56,7 +58,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 }
 
 METRIC_KEYS = ("step", *REQUIRED)
-"""The design.md metrics.jsonl fields, in order."""
+"""The docs/design.md metrics.jsonl fields, in order."""
 
 TB_PREFIX = "train/"
 

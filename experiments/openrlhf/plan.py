@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from experiments.config import RunConfig
+from experiments.openrlhf.data import count_rows
 from experiments.rundir import REPO_ROOT
 
 FILTER_HEADROOM = 3
@@ -82,11 +83,6 @@ def rows_needed(cfg: RunConfig) -> int:
 def train_data_path(cfg: RunConfig) -> Path:
     path = Path(cfg.task.train_data)
     return path if path.is_absolute() else REPO_ROOT / path
-
-
-def count_rows(path: str | Path) -> int:
-    with open(path) as f:
-        return sum(1 for line in f if line.strip())
 
 
 def eval_steps(cfg: RunConfig) -> list[int]:
