@@ -1,5 +1,5 @@
 """Evaluation sampling for HF models on the trl backend (math benchmarks): greedy and eval.n_samples samples per
-prompt with transformers' generate, seeded from (eval.seed, step) inside a forked RNG so training draws are untouched."""
+prompt with transformers' generate, seeded from (eval.seed, step) in a forked RNG (training draws are untouched)."""
 
 from __future__ import annotations
 

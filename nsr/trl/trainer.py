@@ -17,7 +17,7 @@ draws what an uninterrupted one draws.
 Metrics (in TRL's log, averaged over the logging window as TRL averages its own): TRL's names where the meaning is
 the same (``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``: tokens the trust region
 clipped, by side), and ``nsr/<key>`` for every ``nsr.METRIC_KEYS`` value plus ``nsr/policy_loss``,
-``nsr/adv_abs_mean``, ``nsr/mixed_group_frac``; the window's ratio extremes are in :attr:`NSRGRPOTrainer.ratio_extremes`.
+``nsr/adv_abs_mean``, ``nsr/mixed_group_frac``; the ratio extremes are in :attr:`NSRGRPOTrainer.ratio_extremes`.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ class NSRGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | None = None, seed=None, **kw):
         if not isinstance(loss, nsr.LossConfig):
             raise TypeError(f"loss must be nsr.LossConfig, got {type(loss).__name__}")
+        if kw.get("args") is not None:  # before any model or data work; TRL's default GRPOConfig is checked below
+            _check_args(kw["args"], loss)
         super().__init__(*args, **kw)
         self.nsr_loss = loss
         self.nsr_advantages = advantages or nsr.AdvantageConfig()
@@ -138,26 +140,20 @@ class NSRGRPOTrainer(GRPOTrainer):
             accum = self.current_gradient_accumulation_steps if train else 1.0
             loss = loss - self.args.entropy_coef * _masked_mean(entropies, mask) / accum
 
-        # metrics: one host transfer for all of them
-        names = ("clip_frac_low", "clip_frac_high", "clip_frac", "rescue_frac", "pushout_frac", "ratio_mean")
-        stats = torch.stack(
-            [
-                *(met[k].to(torch.float32) for k in names),
-                met["approx_kl"].to(torch.float32),
-                met["ratio_min"].to(torch.float32),
-                met["ratio_max"].to(torch.float32),
-                _masked_mean(entropies, mask).detach().float(),
-                pg_loss.detach().float() * (self.current_gradient_accumulation_steps if train else 1.0),
-            ]
-        )
-        stats = self.accelerator.gather(stats[None]).tolist()
-        for k, trl_name in zip(names[:3], ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")):
-            self._metrics[mode][trl_name].append(sum(s[names.index(k)] for s in stats) / len(stats))
-        for j, k in enumerate((*names, "approx_kl")):
-            self._metrics[mode][f"nsr/{k}"].append(sum(s[j] for s in stats) / len(stats))
-        self._metrics[mode]["entropy"].append(sum(s[9] for s in stats) / len(stats))
-        self._metrics[mode]["nsr/policy_loss"].append(sum(s[10] for s in stats) / len(stats))
-        self.ratio_extremes = [min(self.ratio_extremes[0], *(s[7] for s in stats)), max(self.ratio_extremes[1], *(s[8] for s in stats))]  # fmt: skip
+        # metrics: one host transfer for all of them; means over processes, extremes over all
+        keys = (*nsr.METRIC_KEYS[:6], "approx_kl")  # clip_frac_low ... ratio_mean: means over the log window
+        scale = self.current_gradient_accumulation_steps if train else 1.0  # the micro-batch's own pg loss
+        local = [*(met[k] for k in (*keys, "ratio_min", "ratio_max")), _masked_mean(entropies, mask), pg_loss * scale]
+        rows = self.accelerator.gather(torch.stack([v.detach().float() for v in local])[None]).tolist()
+        mean = [sum(col) / len(col) for col in zip(*rows)]
+        for j, k in enumerate(keys):
+            self._metrics[mode][f"nsr/{k}"].append(mean[j])
+        for j, name in enumerate(("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")):
+            self._metrics[mode][name].append(mean[j])  # TRL's names: the same tokens as clip_frac_low/high/clip_frac
+        self._metrics[mode]["entropy"].append(mean[9])
+        self._metrics[mode]["nsr/policy_loss"].append(mean[10])
+        lo, hi = self.ratio_extremes
+        self.ratio_extremes = [min(lo, *(r[7] for r in rows)), max(hi, *(r[8] for r in rows))]
         return loss
 
     def pop_ratio_extremes(self) -> tuple[float, float]:

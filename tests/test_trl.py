@@ -1,0 +1,162 @@
+"""The trl backend for real on CPU: TRL 1.16.0's GRPOTrainer loop (generation, reward function, num_iterations = 2
+so clipping fires, checkpoints) with nsr.trl.NSRGRPOTrainer on the tiny Qwen2 / Countdown-3 testbed.
+
+Time: one warm start (150 SFT steps, ~25 s on a busy 2-core box) shared by the module, then runs of 1-4 RL steps
+(~1 s each after TRL's start-up)."""
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("trl", reason="trl is installed by `make venv` (trl==1.16.0)")
+
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+import nsr  # noqa: E402
+from experiments.config import ConfigError, load_config  # noqa: E402
+from experiments.run import run  # noqa: E402
+from experiments.rundir import REPO_ROOT, RunDir, read_jsonl  # noqa: E402
+from experiments.trl.train import CHECKPOINT_DIR, build_trainer, latest_checkpoint, run_trl  # noqa: E402
+from nsr.trl import NSRGRPOTrainer  # noqa: E402
+
+PRESET = REPO_ROOT / "sweeps" / "presets" / "trl-tiny.yaml"
+SMALL = [
+    "train.steps=4", "eval.every=2", "eval.n_prompts=32", "eval.n_samples=2", "sft.steps=150", "sft.warmup=50",
+    "logging.checkpoint_every=2",
+]  # fmt: skip
+METRIC_FIELDS = {
+    "step", "reward_mean", "entropy", "response_len", "clip_frac_low", "clip_frac_high", "clip_frac", "rescue_frac",
+    "pushout_frac", "ratio_mean", "ratio_min", "ratio_max", "ppo_kl", "policy_loss", "grad_norm", "adv_abs_mean",
+    "mixed_group_frac", "wall_s",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trl_env(tmp_path_factory):
+    """A warm-start cache shared by the module's runs and NSR_THREADS=1 (restored afterwards)."""
+    saved = {k: os.environ.get(k) for k in ("NSR_CACHE_DIR", "NSR_THREADS")}
+    threads = torch.get_num_threads()
+    os.environ["NSR_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "nsr-cache")
+    os.environ.setdefault("NSR_THREADS", "1")
+    yield
+    for k, v in saved.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    torch.set_num_threads(threads)
+
+
+def config(*overrides):
+    return load_config(PRESET, [*SMALL, *overrides])
+
+
+@pytest.fixture(scope="module")
+def nsr_run(trl_env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("nsr") / "run"
+    run(config("loss.rule=nsr"), out, progress=False)
+    return RunDir(out)
+
+
+@pytest.fixture(scope="module")
+def hard_run(trl_env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hard") / "run"
+    run(config("loss.rule=hard"), out, progress=False)
+    return RunDir(out)
+
+
+def _rows(rd: RunDir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in read_jsonl(rd.metrics_path)]
+
+
+def test_run_folder_contract(nsr_run):
+    assert nsr_run.state() == "done"
+    assert {"config.yaml", "metrics.jsonl", "eval.jsonl.gz", "status.json"} <= {p.name for p in nsr_run.path.iterdir()}
+    assert not (nsr_run.path / CHECKPOINT_DIR).exists()  # removed when done (logging.keep_checkpoint false)
+    rows = read_jsonl(nsr_run.metrics_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert set(r) == METRIC_FIELDS and all(v is not None for v in r.values()), r
+        assert 0 < r["reward_mean"] < 1 and r["ratio_min"] <= r["ratio_mean"] <= r["ratio_max"]
+    evals = read_jsonl(nsr_run.eval_path)
+    assert {r["step"] for r in evals} == {0, 2, 4}
+    assert all(set(r) == {"step", "benchmark", "problem_id", "decoding", "sample", "correct"} for r in evals)
+    for step in (0, 2, 4):  # 32 prompts: 1 greedy + 2 sampled each, 0/1 labels
+        got = [r for r in evals if r["step"] == step]
+        assert len(got) == 32 * 3 and {r["correct"] for r in got} <= {0, 1}
+    assert sum(r["correct"] for r in evals) > 0
+    assert load_config(nsr_run.config_path).backend == "trl"
+
+
+def test_nsr_rescues_and_hard_does_not(nsr_run, hard_run):
+    nsr_rows, hard_rows = read_jsonl(nsr_run.metrics_path), read_jsonl(hard_run.metrics_path)
+    assert all(r["clip_frac"] > 0 for r in nsr_rows + hard_rows)  # num_iterations = 2: clipping fires
+    assert all(r["rescue_frac"] > 0 for r in nsr_rows) and all(r["rescue_frac"] == 0 for r in hard_rows)
+    assert all(r["rescue_frac"] <= r["clip_frac"] for r in nsr_rows)
+
+
+def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
+    """Killed after RL step 3 (its checkpoint is at step 2): the rerun resumes from TRL's checkpoint, cuts the logs
+    back to step 2 and ends with the rows of the uninterrupted run."""
+    cfg, rd = config("loss.rule=nsr"), RunDir(tmp_path / "run")
+    rd.write_config(cfg)
+    rd.set_status("running", run_hash=cfg.run_hash())
+    run_trl(cfg, rd, progress=False, stop_after=3)
+    assert [r["step"] for r in read_jsonl(rd.metrics_path)] == [1, 2, 3]
+    assert latest_checkpoint(rd).name == "checkpoint-8"  # RL step 2 = optimizer step 2 x (2 minibatches x 2 passes)
+    run(cfg, rd.path, progress=False)
+    assert rd.state() == "done"
+    assert _rows(rd) == _rows(nsr_run)
+    assert read_jsonl(rd.eval_path) == read_jsonl(nsr_run.eval_path)
+
+
+@pytest.mark.parametrize("agg, loss_type", [("token-mean", "dapo"), ("seq-mean-token-mean", "grpo")])
+def test_hard_equals_trls_own_loss(trl_env, tmp_path, agg, loss_type):
+    """After one RL step, on each buffered minibatch (old log-probs from before the updates, so ratios are off 1):
+    rule hard through NSRGRPOTrainer gives TRL's own loss (loss_type dapo / grpo, epsilon / epsilon_high) and
+    gradient."""
+    cfg = config("loss.rule=hard", "train.steps=1", f"train.agg_mode={agg}", "eval.n_prompts=0")
+    trainer, _ = build_trainer(cfg, RunDir(tmp_path))
+    assert trainer.args.loss_type == loss_type
+    trainer.train()
+    model = trainer.model.train()
+    clipped = 0.0
+    for inputs in trainer._buffered_inputs:
+        grads = []
+        for compute in (GRPOTrainer._compute_loss, NSRGRPOTrainer._compute_loss):
+            model.zero_grad()
+            loss = compute(trainer, model, inputs)
+            loss.backward()
+            grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        clipped += trainer._metrics["train"]["nsr/clip_frac"][-1]
+        (ref, ref_g), (got, got_g) = grads
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-7)
+        for a, b in zip(got_g, ref_g):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert clipped > 0
+
+
+def test_advantages_are_nsrs(trl_env, tmp_path):
+    """positive_only replaces TRL's advantage: zero for below-mean responses, (R - mean) / (std + 1e-9) above."""
+    cfg = config("loss.rule=nsr", "train.steps=1", "advantages.kind=positive_only", "eval.n_prompts=0")
+    trainer, _ = build_trainer(cfg, RunDir(tmp_path))
+    trainer.train()
+    adv = torch.cat([b["advantages"] for b in trainer._buffered_inputs])
+    rewards = trainer._rewards_per_func[:, 0]
+    groups = torch.arange(len(rewards)) // cfg.rollout.samples_per_prompt
+    want = nsr.compute_advantages(rewards, groups, cfg.advantages)
+    assert (adv >= 0).all() and (adv > 0).any()
+    torch.testing.assert_close(adv.sort().values, want.sort().values)  # TRL shuffles the batch before splitting
+
+
+def test_bad_settings_fail_before_work(trl_env, tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.name='tiny-gpt2' is not valid; allowed: tiny-qwen2"):
+        config("model.name=tiny-gpt2")
+    with pytest.raises(ConfigError, match=r"trl\.micro_batch_size=7 is not valid"):
+        config("trl.micro_batch_size=7")
+    with pytest.raises(ConfigError, match=r"rollout\.max_new_tokens=4 is not valid"):
+        config("rollout.max_new_tokens=4")
+    args = GRPOConfig(output_dir=str(tmp_path), loss_type="bnpo", use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match=r"GRPOConfig\.loss_type='bnpo' is not valid with NSRGRPOTrainer"):
+        NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig())
+    args = GRPOConfig(output_dir=str(tmp_path), epsilon=0.1, use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match=r"GRPOConfig\.epsilon=0\.1 is not valid .*0\.2 \(loss\.eps_low\)"):
+        NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig())
