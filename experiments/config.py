@@ -287,10 +287,25 @@ class OpenRLHFConfig:
 
 
 @dataclass(frozen=True)
+class TRLConfig:
+    """trl backend only: TRL 1.16.0 GRPOTrainer settings that the sections above do not fix (experiments/trl)."""
+
+    micro_batch_size: int = 0
+    """Sequences per forward/backward; 0 = a whole minibatch (else gradient accumulation makes up the minibatch)."""
+    bf16: bool = False
+    """bf16 weights and autocast (GPU only; CPU runs stay float32)."""
+    gradient_checkpointing: bool = False
+    use_vllm: bool = False
+    """Generate with vLLM colocated on the training GPU (vllm installed); False = transformers' generate."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """GPU memory share of the colocated vLLM engine."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything that determines one run's numbers."""
 
-    backend: Literal["tiny", "openrlhf"] = "tiny"
+    backend: Literal["tiny", "openrlhf", "trl"] = "tiny"
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -302,9 +317,14 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     openrlhf: OpenRLHFConfig = field(default_factory=OpenRLHFConfig)
+    trl: TRLConfig = field(default_factory=TRLConfig)
 
     def __post_init__(self):
-        _check("RunConfig", "backend", self.backend in ("tiny", "openrlhf"), "tiny, openrlhf", self.backend)
+        _check("RunConfig", "backend", self.backend in ("tiny", "openrlhf", "trl"), "tiny, openrlhf, trl", self.backend)
+        if self.backend == "trl":
+            from experiments.trl import check_config as check_trl  # model / task / batch checks; late import
+
+            check_trl(self)
         _range("RunConfig", "seed", self.seed, 0, SEED_MAX)
         if self.backend == "tiny":
             _check_tiny_sizes(self)

@@ -60,6 +60,13 @@ def _openrlhf(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
     run_openrlhf(cfg, rd, progress=progress)
 
 
+@BACKENDS.register("trl")
+def _trl(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
+    from experiments.trl.train import run_trl
+
+    run_trl(cfg, rd, progress=progress)
+
+
 class Cancelled(BaseException):
     """Raised in the main thread on SIGTERM (scancel), so the run unwinds and records ``cancelled``."""
 
