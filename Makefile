@@ -10,7 +10,8 @@ PYTEST_ARGS ?=
 venv: $(VENV)/.installed
 
 # torch first (the CPU wheel; a plain `torch` requirement would pull a multi-GB CUDA build), then the rest,
-# then OpenRLHF without its CUDA-only dependencies so tests can load its real loss and CLI code, then this repo
+# then OpenRLHF without its CUDA-only dependencies so tests can load its real loss and CLI code, verl likewise
+# (its pins clash with this stack; tests run its core_algos and configs: nsr/verl), then this repo
 # as an editable package (pyproject.toml): every entry point and Ray / SLURM worker imports the installed package.
 $(VENV)/.installed: requirements-cpu.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +19,7 @@ $(VENV)/.installed: requirements-cpu.txt pyproject.toml
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements-cpu.txt
 	$(PIP) install --quiet --no-deps openrlhf==0.11.2
+	$(PIP) install --quiet --no-deps verl==0.9.1 tensordict==0.10.0
 	$(PIP) install --quiet -e .
 	touch $@
 
