@@ -202,6 +202,10 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
 
     from nsr.trl import NSRGRPOTrainer
 
+    if not progress:  # transformers' bars (checkpoint writing) too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     parts = _tiny_parts if cfg.task.name != "math" else _math_parts
     model, tok, data, reward, run_eval = parts(cfg, progress)
     k = optimizer_steps_per_rl_step(cfg)
