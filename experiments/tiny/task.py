@@ -79,6 +79,11 @@ class Task:
         """Exact verifier: ``text`` is a completion up to its EOS (None: no EOS was generated)."""
         raise NotImplementedError
 
+    def answer(self, text: str | None):
+        """The final answer ``text`` states, for the label-free vote (experiments.tiny.rewards): completions with
+        equal answers vote together. A hashable value, or None if it states none. Needs no label."""
+        raise NotImplementedError
+
     # ---------------------------------------------------------------- shared
     def sample_train(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """(n,) problem ids drawn uniformly, with replacement, from the training split."""
@@ -167,6 +172,10 @@ class Countdown3(Task):
         digits, target, _ = self.problems[pid]
         return tuple(sorted(int(text[i]) for i in (0, 2, 4))) == digits and countdown_value(text) == target
 
+    def answer(self, text: str | None) -> int | None:
+        """The expression's value (whatever digits it uses), None if it is not ``d op d op d``."""
+        return countdown_value(text) if text is not None and _well_formed(text) else None
+
 
 # -------------------------------------------------------------------- 3-digit addition
 class Add3(Task):
@@ -186,6 +195,10 @@ class Add3(Task):
 
     def is_correct(self, pid: int, text: str | None) -> bool:
         return text == self.solutions(pid)[0]
+
+    def answer(self, text: str | None) -> str | None:
+        """The 4 digits of the sum, None if the completion is not 4 digits."""
+        return text if text is not None and len(text) == 4 and text.isdigit() else None
 
 
 TASKS: Registry[type[Task]] = Registry("task.name")
