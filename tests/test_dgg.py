@@ -157,3 +157,13 @@ def test_resumed_dgg_run_matches_an_uninterrupted_one(tmp_path, monkeypatch):
     run(cfg, crashed.path, progress=False)
     again = [{k: v for k, v in r.items() if k != "wall_s"} for r in read_jsonl(crashed.metrics_path)]
     assert again == rows
+
+
+def test_dgg_sweep_expands_on_tiny_presets_only():
+    from sweeps import SweepError, expand
+
+    runs = expand("dgg")
+    assert {r.meta["arm"] for r in runs} == {"hard", "nsr", "soft", "dgg", "nsr_dgg"} and len(runs) == 15
+    assert {(r.meta["arm"], r.config.loss.rule) for r in runs if r.config.train.dgg} == {("dgg", "hard"), ("nsr_dgg", "nsr")}
+    with pytest.raises(SweepError, match=r"train\.dgg=True is not valid"):
+        expand("dgg", preset="qwen2.5-math-7b-dapo")

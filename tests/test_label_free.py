@@ -162,3 +162,19 @@ def test_loop_trains_on_the_label_free_reward_and_logs_the_verifier():
     # an untrained model earns no verifier reward: no signal at all; self-certainty varies in every group
     assert plain["adv_abs_mean"] == 0.0 and plain["mixed_group_frac"] == 0.0
     assert free["adv_abs_mean"] > 0.5 and free["mixed_group_frac"] == 1.0
+
+
+def test_reward_source_sweep_expands_on_tiny_presets_only():
+    from sweeps import SweepError, expand
+
+    runs = expand("reward_source")
+    assert {r.meta["preset"] for r in runs} == {"tiny-regime"} and len(runs) == 3 * 2 * 3
+    got = {(r.meta["point"]["reward"], r.config.reward.source, r.config.advantages.kind) for r in runs}
+    assert got == {
+        ("verifiable", "verifier", "group_norm"),
+        ("label_free", "label_free", "group_norm"),
+        ("random", "verifier", "random_reward"),
+    }
+    assert len(expand("reward_source", preset="tiny-smoke")) == 6
+    with pytest.raises(SweepError, match=r"reward\.source='label_free' is not valid"):
+        expand("reward_source", preset="qwen2.5-math-7b-dapo")
