@@ -1,7 +1,8 @@
-"""Benchmark: forward + backward of every nsr clip rule, side by side with OpenRLHF 0.11.2's ``PolicyLoss``.
+"""Benchmark: forward + backward of every nsr clip rule next to OpenRLHF 0.11.2's ``PolicyLoss``, and the cost of
+``nsr`` against ``hard`` in a whole RL step of the CPU testbed.
 
-Each timed call is one training-step's worth of loss work: ``nsr.policy_loss`` + ``nsr.aggregate`` +
-``backward()`` (OpenRLHF: ``PolicyLoss.forward`` + ``backward()``), on one realistic padded batch:
+Loss table (default). Each timed call is one training step's worth of loss work: ``nsr.policy_loss`` +
+``nsr.aggregate`` + ``backward()`` (OpenRLHF: ``PolicyLoss.forward`` + ``backward()``), on one padded batch:
 
 * response lengths spread uniformly over [T/8, T] (right padding; one full row);
 * one advantage per response, of both signs, a quarter of them exactly 0 (all-correct / all-wrong groups),
@@ -12,29 +13,22 @@ Each timed call is one training-step's worth of loss work: ``nsr.policy_loss`` +
 
 Rules run with their defaults (token level: eps 0.2 / 0.28, delta 0.2; sequence level: GSPO eps and delta);
 ``noisy_decision`` and ``clean_decision`` with ratio_noise 0.1. All cases run in one process, in interleaved
-rounds: every repeat calls each case once, in a fresh (seeded) random order, so load drift on a shared machine
-and the cache state left by the previous call hit all of them alike. Reported: the median and min time, the
-median's ratio to ``hard`` and to OpenRLHF, and the min's ratio to hard's min. The clock is the wall clock;
-on a busy shared machine ``--threads 1 --clock cpu`` (this thread's CPU time) is steadier, as time spent
-preempted is not counted, while the wall clock bills it to whichever case it hits, longer ones more often.
-``--keep-heap`` asks glibc to keep freed memory in the process: by default it hands the MB-sized temporaries
-back to the OS after each call and page-faults them in again on the next (zeroed by the kernel), a cost that
-depends on each case's allocation pattern and, on the 2-core test machine, made most of the run-to-run noise.
+rounds: every round calls each case once, in a fresh (seeded) random order, so load drift on a shared machine hits
+all of them alike. Reported: the median and min time, the median's ratio to ``hard`` and to OpenRLHF, and
+``saved MB``, the bytes autograd keeps from forward to backward (``saved_tensors_hooks``). The clock is the wall
+clock; on a busy machine ``--threads 1 --clock cpu`` (this thread's CPU time) is steadier, as time spent preempted
+is not counted.
 
-Memory, measured in one extra, untimed call per case:
-
-* ``peak MB``: the peak of bytes allocated and not yet freed during forward + backward, above the level at
-  its start. It is read from the allocation events of ``torch.profiler`` (``profile_memory=True``), which
-  records every allocation and free of torch's CPU allocator with its size; a running sum of those sizes,
-  in time order, gives the live bytes, and its maximum is the peak (the (B, T) gradient of ``log_probs``
-  is included, for every case alike).
-* ``saved MB``: bytes of the tensors autograd keeps from forward to backward (``saved_tensors_hooks``).
+Step table (``--tiny-step``): two runs of the tiny testbed (sweeps/presets/tiny.yaml, same seed and warm start),
+one with ``hard`` and one with ``nsr`` (delta 0.2), advanced one RL step at a time in alternating order; each
+step (rollout, advantages, old log-probs, 2 x 4 minibatch updates, metrics) is timed. Reported: median and min
+per step and the ratio nsr / hard. The warm start is built first if it is not cached (cache/sft/).
 
 Commands:
     python -m experiments.bench_loss                                  # B=64, T=4096, float32, torch's threads
-    python -m experiments.bench_loss --threads 1 --clock cpu --keep-heap  # steadier on a busy machine
+    python -m experiments.bench_loss --threads 1 --clock cpu          # steadier on a busy machine
     python -m experiments.bench_loss --level sequence                 # the GSPO variants
-    python -m experiments.bench_loss --repeats 200 --threads 2 --json bench.json
+    python -m experiments.bench_loss --tiny-step --steps 120 --threads 1 --clock cpu   # RL step, nsr vs hard
 """
 
 from __future__ import annotations
@@ -47,6 +41,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -55,6 +50,12 @@ from nsr.openrlhf.reference import load_loss_module
 
 DEFAULT_SPREAD = {"token": 0.15, "sequence": 0.015}
 RATIO_NOISE = 0.1
+TARGET_VS_OPENRLHF = 2.0
+"""Every rule's median at most this many times PolicyLoss's (issue: plain rules, speed that matters)."""
+TARGET_STEP = 1.03
+"""nsr's median RL step at most this many times hard's on the tiny testbed."""
+TINY_PRESET = Path(__file__).resolve().parents[1] / "sweeps" / "presets" / "tiny.yaml"
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 @dataclass
@@ -114,9 +115,6 @@ def build_cases(old, adv, mask, level: str, seed: int = 0) -> list[Case]:
     return cases
 
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
-
-
 def time_cases(
     cases: list[Case], logp: torch.Tensor, repeats: int, warmup: int, clock: str = "wall", seed: int = 0
 ) -> dict[str, list[float]]:
@@ -136,27 +134,6 @@ def time_cases(
     return times
 
 
-def peak_bytes(fn: Callable[[], object]) -> int:
-    """Peak of live bytes allocated inside ``fn`` (CPU allocator events of torch.profiler), above the start."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    sizes = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        if e.tag == _EventType.Allocation:
-            sizes.append((e.start_time_ns, e.extra_fields.alloc_size))
-        stack.extend(e.children)
-    live = peak = 0
-    for _, size in sorted(sizes):
-        live += size
-        peak = max(peak, live)
-    return peak
-
-
 def saved_bytes(fn: Callable[[], object]) -> int:
     """Bytes of the tensors autograd saves for backward while ``fn`` runs (each storage counted once)."""
     seen: dict[int, int] = {}
@@ -171,22 +148,12 @@ def saved_bytes(fn: Callable[[], object]) -> int:
     return sum(seen.values())
 
 
-def keep_heap() -> None:
-    """glibc ``mallopt``: serve allocations up to 32 MB from the heap and never trim it (see the module doc)."""
-    import ctypes
-    import ctypes.util
-
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):
-        raise RuntimeError("--keep-heap needs glibc's mallopt, not found in this C library") from None
-    if not (mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30)):
-        raise RuntimeError("--keep-heap: glibc mallopt refused the thresholds")
+def _load() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
 
 
 def measure(args) -> dict:
-    load_before = os.getloadavg()[0]
+    load_before = _load()
     dtype = getattr(torch, args.dtype)
     spread = DEFAULT_SPREAD[args.level] if args.spread is None else args.spread
     logp, old, adv, mask = make_inputs(args.B, args.T, dtype, spread, seed=args.seed)
@@ -197,26 +164,20 @@ def measure(args) -> dict:
         logp.grad = None
         metrics = case.step(logp)
         logp.grad = None
-        peak = peak_bytes(lambda c=case: c.step(logp))
-        logp.grad = None
         saved = saved_bytes(lambda c=case: c.step(logp))
         rows.append(
             {
                 "name": case.name,
                 "median_ms": statistics.median(times[case.name]),
                 "min_ms": min(times[case.name]),
-                "peak_mb": peak / 2**20,
                 "saved_mb": saved / 2**20,
                 **{k: float(metrics[k]) for k in ("clip_frac", "rescue_frac", "pushout_frac") if k in metrics},
             }
         )
     base = {r["name"]: r["median_ms"] for r in rows}
-    best = {r["name"]: r["min_ms"] for r in rows}
     for r in rows:
         r["vs_hard"] = r["median_ms"] / base["hard"]
         r["vs_openrlhf"] = r["median_ms"] / base["openrlhf"]
-        r["vs_hard_min"] = r["min_ms"] / best["hard"]
-    n_valid = int(mask.sum())
     setup = {
         "B": args.B,
         "T": args.T,
@@ -224,13 +185,12 @@ def measure(args) -> dict:
         "level": args.level,
         "spread": spread,
         "repeats": args.repeats,
-        "clock": args.clock,
-        "keep_heap": args.keep_heap,
         "warmup": args.warmup,
+        "clock": args.clock,
         "threads": torch.get_num_threads(),
-        "valid_frac": n_valid / mask.numel(),
+        "valid_frac": int(mask.sum()) / mask.numel(),
         "torch": torch.__version__,
-        "load_avg_1min": [load_before, os.getloadavg()[0]],
+        "load_avg": [load_before, _load()],
     }
     return {"setup": setup, "rows": rows}
 
@@ -239,25 +199,110 @@ def format_table(result: dict) -> str:
     s = result["setup"]
     hard = next(r for r in result["rows"] if r["name"] == "hard")
     unit = "tokens" if s["level"] == "token" else "sequences"
+    worst = max((r for r in result["rows"] if r["name"] != "openrlhf"), key=lambda r: r["vs_openrlhf"])
     lines = [
         f"B={s['B']} T={s['T']} {s['dtype']} level={s['level']} threads={s['threads']} torch {s['torch']}; "
-        f"{s['valid_frac']:.0%} of (B, T) valid; {s['clock']} clock{', kept heap' if s['keep_heap'] else ''}, "
-        f"median of {s['repeats']} interleaved repeats; "
-        f"clipped by hard: {hard['clip_frac']:.1%} of valid {unit}; load average "
-        f"{s['load_avg_1min'][0]:.2f} -> {s['load_avg_1min'][1]:.2f} on {os.cpu_count()} cores",
+        f"{s['valid_frac']:.0%} of (B, T) valid; {s['clock']} clock, median of {s['repeats']} interleaved rounds; "
+        f"clipped by hard: {hard['clip_frac']:.1%} of valid {unit}; load average (1/5/15 min) "
+        f"{s['load_avg'][0]} -> {s['load_avg'][1]} on {os.cpu_count()} cores",
         "",
-        "| case | median ms | min ms | x hard | x OpenRLHF | x hard (min) | peak MB | saved MB | clip % | rescue % "
-        "| pushout % |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | median ms | min ms | x hard | x OpenRLHF | saved MB | clip % | rescue % | pushout % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     pct = lambda r, k: f"{100 * r[k]:.2f}" if k in r else "-"  # noqa: E731
     for r in result["rows"]:
         lines.append(
             f"| {r['name']} | {r['median_ms']:.2f} | {r['min_ms']:.2f} | {r['vs_hard']:.2f} | {r['vs_openrlhf']:.2f} | "
-            f"{r['vs_hard_min']:.2f} | "
-            f"{r['peak_mb']:.1f} | {r['saved_mb']:.1f} | {pct(r, 'clip_frac')} | {pct(r, 'rescue_frac')} | "
-            f"{pct(r, 'pushout_frac')} |"
+            f"{r['saved_mb']:.1f} | {pct(r, 'clip_frac')} | {pct(r, 'rescue_frac')} | {pct(r, 'pushout_frac')} |"
         )
+    verdict = "met" if worst["vs_openrlhf"] <= TARGET_VS_OPENRLHF else "MISSED"
+    lines += ["", f"slowest rule: {worst['name']} {worst['vs_openrlhf']:.2f}x OpenRLHF (target <= "
+              f"{TARGET_VS_OPENRLHF:g}x: {verdict})"]  # fmt: skip
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ RL step of the tiny testbed
+def measure_tiny_step(args) -> dict:
+    """Alternating RL steps of a hard run and an nsr run from the same warm start and seed; per-step times."""
+    from experiments.config import load_config
+    from experiments.tiny.model import build_model
+    from experiments.tiny.rng import generator
+    from experiments.tiny.sft import warm_start
+    from experiments.tiny.task import get_task
+    from experiments.tiny.train import rl_step
+
+    load_before = _load()
+    now = CLOCKS[args.clock]
+    runs = {}
+    for rule in ("hard", "nsr"):
+        overrides = [*args.set, f"loss.rule={rule}", f"seed={args.seed}", "logging.progress=false"]
+        cfg = load_config(args.preset, overrides)
+        state, _ = warm_start(cfg)
+        model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
+        model.load_state_dict(state)
+        tr = cfg.train
+        opt = torch.optim.AdamW(model.parameters(), lr=tr.lr, betas=tr.adam_betas, weight_decay=tr.weight_decay)
+        runs[rule] = (cfg, model, opt, get_task(cfg.task.name))
+    times: dict[str, list[float]] = {rule: [] for rule in runs}
+    clip: dict[str, list[float]] = {rule: [] for rule in runs}
+    rescue: list[float] = []
+    for step in range(1, args.warmup_steps + args.steps + 1):
+        order = ("hard", "nsr") if step % 2 else ("nsr", "hard")
+        for rule in order:
+            cfg, model, opt, task = runs[rule]
+            t0 = now()
+            row, _ = rl_step(model, opt, task, cfg, step)
+            dt = now() - t0
+            if step > args.warmup_steps:
+                times[rule].append(dt * 1e3)
+                clip[rule].append(row["clip_frac"])
+                if rule == "nsr":
+                    rescue.append(row["rescue_frac"])
+    med = {rule: statistics.median(t) for rule, t in times.items()}
+    setup = {
+        "preset": str(args.preset),
+        "overrides": list(args.set),
+        "seed": args.seed,
+        "steps": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "clock": args.clock,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load_avg": [load_before, _load()],
+    }
+    rows = [
+        {
+            "name": rule,
+            "median_ms": med[rule],
+            "min_ms": min(times[rule]),
+            "vs_hard": med[rule] / med["hard"],
+            "clip_frac": statistics.fmean(clip[rule]),
+            **({"rescue_frac": statistics.fmean(rescue)} if rule == "nsr" else {}),
+        }
+        for rule in runs
+    ]
+    return {"setup": setup, "rows": rows}
+
+
+def format_step_table(result: dict) -> str:
+    s = result["setup"]
+    nsr_row = next(r for r in result["rows"] if r["name"] == "nsr")
+    lines = [
+        f"tiny testbed RL step ({Path(s['preset']).name}, seed {s['seed']}): median of {s['steps']} steps per rule "
+        f"after {s['warmup_steps']} warm-up steps, alternating; threads={s['threads']}, {s['clock']} clock, torch "
+        f"{s['torch']}; load average (1/5/15 min) {s['load_avg'][0]} -> {s['load_avg'][1]} on {os.cpu_count()} cores",
+        "",
+        "| rule | median ms / step | min ms | x hard | clip % (mean) | rescue % (mean) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        rescue = f"{100 * r['rescue_frac']:.2f}" if "rescue_frac" in r else "-"
+        lines.append(
+            f"| {r['name']} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | {r['vs_hard']:.3f} | "
+            f"{100 * r['clip_frac']:.2f} | {rescue} |"
+        )
+    verdict = "met" if nsr_row["vs_hard"] <= TARGET_STEP else "MISSED"
+    lines += ["", f"nsr / hard per RL step: {nsr_row['vs_hard']:.3f} (target <= {TARGET_STEP}: {verdict})"]
     return "\n".join(lines)
 
 
@@ -277,34 +322,41 @@ def parse_args(argv=None):
         help="wall (default) or cpu: this thread's CPU time, which a busy shared machine inflates less "
         "(preemption is not counted); needs --threads 1",
     )
-    p.add_argument("--keep-heap", action="store_true", help="glibc: keep freed memory (no page faults per call)")
     p.add_argument("--spread", type=float, default=None, help="std of the per-token log-ratio (default by level)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tiny-step", action="store_true", help="time RL steps of the tiny testbed, nsr vs hard")
+    p.add_argument("--steps", type=int, default=120, help="--tiny-step: timed steps per rule (default 120)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="--tiny-step: untimed steps first (default 3)")
+    p.add_argument("--preset", default=str(TINY_PRESET), help="--tiny-step: the run config (default tiny.yaml)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="--tiny-step: a config override (repeatable)"
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the setup and rows as JSON")
     args = p.parse_args(argv)
-    for name in ("B", "T", "repeats"):
+    for name in ("B", "T", "repeats", "steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    for name in ("warmup", "warmup_steps"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
     if args.clock == "cpu" and args.threads != 1:
         p.error("--clock cpu counts this thread only, so it needs --threads 1")
+    if args.tiny_step and not Path(args.preset).is_file():
+        p.error(f"--preset {args.preset!r} is not a file")
     return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.keep_heap:
-        keep_heap()
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
     try:
-        result = measure(args)
+        result = measure_tiny_step(args) if args.tiny_step else measure(args)
     finally:
         torch.set_num_threads(threads)
-    print(format_table(result))
+    print(format_step_table(result) if args.tiny_step else format_table(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -99,6 +99,11 @@ def _ppo_loss(r: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> torch.Tens
     return -torch.minimum(r * adv, r.clamp(cfg.low, cfg.high) * adv)
 
 
+def _hard_value(x: RuleInput) -> torch.Tensor:
+    """Hard clipping's loss value -min(r A, clip(r) A) as a constant: what a dropped unit keeps (zero gradient)."""
+    return _ppo_loss(x.ratio.detach(), x.adv, x.cfg)
+
+
 @register_rule("hard", weight=theory.weight_hard)
 def hard(x: RuleInput) -> RuleOutput:
     """PPO/GRPO/DAPO clipping: L = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)."""
@@ -106,63 +111,71 @@ def hard(x: RuleInput) -> RuleOutput:
     return RuleOutput(_ppo_loss(x.ratio, x.adv, x.cfg), low, high)
 
 
+def _rescue(x: RuleInput, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """docs/method.md, NSR steps 1-3 on the clipped units (``low``, ``high``): (rescued mask, executor ratio).
+
+    z ~ U(1 - delta, 1 + delta) (step 1); candidate r z (step 2); rescued iff r z is back inside on the clipped
+    side (step 3). Executor: r z for a rescued unit under the noisy executor (z a constant), else r.
+    """
+    z = x.uniform(x.cfg.delta)
+    rz = x.ratio.detach() * z
+    rescued = (low & (rz >= x.cfg.low)) | (high & (rz <= x.cfg.high))
+    executor = x.ratio * torch.where(rescued, z, 1.0) if x.cfg.executor == "noisy" else x.ratio
+    return rescued, executor
+
+
+def _push_out(x: RuleInput, clipped: torch.Tensor) -> torch.Tensor:
+    """docs/method.md intervention 4: an unclipped unit draws z and is pushed out (dropped) iff r z would be
+    clipped. Returns the pushed mask."""
+    z = x.uniform(x.cfg.delta)
+    return ~clipped & theory.is_clipped(x.ratio.detach() * z, x.adv, x.cfg)
+
+
 @register_rule("nsr", weight=theory.weight_nsr)
 def nsr(x: RuleInput) -> RuleOutput:
-    """Near-boundary Stochastic Rescue (docs/method.md, NSR steps 1-4).
-
-    A clipped unit draws z ~ U(1 - delta, 1 + delta); if r z is no longer clipped it is rescued with loss
-    -A r z (noisy executor) or -A r (clean), z a constant; otherwise it keeps the hard-clip value (no gradient).
-    """
-    r, A, cfg = x.ratio, x.adv, x.cfg
-    low, high = theory.clip_sides(r.detach(), A, cfg)
-    z = x.uniform(cfg.delta)  # step 1
-    rz = r.detach() * z  # step 2: candidate ratio
-    rescued = (low | high) & ~theory.is_clipped(rz, A, cfg)  # step 3: back inside on the clipped side
-    executor = r * z if cfg.executor == "noisy" else r
-    loss = torch.where(rescued, -A * executor, _ppo_loss(r, A, cfg))  # step 4: the others stay clipped
+    """Near-boundary Stochastic Rescue (docs/method.md, NSR): a clipped unit is rescued iff r z is back inside
+    on its side, z ~ U(1 - delta, 1 + delta); its loss is then -A r z (noisy executor) or -A r (clean). The other
+    clipped units keep the hard-clip value with zero gradient (step 4); unclipped units keep -A r, as under hard."""
+    low, high = theory.clip_sides(x.ratio.detach(), x.adv, x.cfg)
+    rescued, executor = _rescue(x, low, high)
+    loss = torch.where(~(low | high) | rescued, -x.adv * executor, _hard_value(x))
     return RuleOutput(loss, low, high, rescued=rescued)
 
 
 @register_rule("soft", weight=theory.weight_nsr)
 def soft(x: RuleInput) -> RuleOutput:
-    """Deterministic twin of nsr (docs/method.md intervention 3): a clipped unit's unclipped gradient times NSR's
-    expected weight w(r), no sampling.
+    """Deterministic twin of nsr (docs/method.md intervention 3): each unit's unclipped gradient times NSR's
+    expected weight w(r) (1 if not clipped), no sampling.
 
-    L = -sg(w) A r + sg(1 - P(rescue)) * hard-clip value on clipped units (NSR's expected loss value; the
-    hard-clip value has no gradient there), the hard-clip loss elsewhere. delta = 0 gives w = P = 0: hard clip.
+    L = -sg(w) A r + sg((1 - P(rescue)) * hard-clip value) on clipped units: NSR's expected loss value. So the
+    gradient is w times the unclipped one, and delta = 0 (w = P = 0 on clipped units) is hard clipping.
     """
     r, A, cfg = x.ratio, x.adv, x.cfg
     low, high = theory.clip_sides(r.detach(), A, cfg)
-    w = theory.rescue_weight(r.detach(), A, cfg)
-    p = theory.side_expectation(r.detach(), A, cfg, cfg.delta, 0)  # P(rescue)
-    hard_loss = _ppo_loss(r, A, cfg)
-    loss = torch.where(low | high, -w * A * r + (1.0 - p) * hard_loss, hard_loss)
-    return RuleOutput(loss, low, high)
-
-
-def _push_out(x: RuleInput, loss: torch.Tensor, clipped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """docs/method.md intervention 4: an unclipped unit draws z and is dropped (value kept, gradient zero) iff
-    r z would be clipped. Returns (loss, pushed)."""
-    z = x.uniform(x.cfg.delta)
-    pushed = ~clipped & theory.is_clipped(x.ratio.detach() * z, x.adv, x.cfg)
-    return torch.where(pushed, loss.detach(), loss), pushed
+    w = theory.weight_nsr(r.detach(), A, cfg)
+    p_rescue = theory.side_expectation(r.detach(), A, cfg, cfg.delta, 0)
+    still_clipped = torch.where(low | high, (1.0 - p_rescue) * _hard_value(x), 0.0)
+    return RuleOutput(-w * A * r + still_clipped, low, high)
 
 
 @register_rule("pushout", weight=theory.weight_pushout)
 def pushout(x: RuleInput) -> RuleOutput:
-    """Push-out only: unclipped units may be dropped when r z crosses the boundary; clipped ones stay clipped.
-    A kept unit keeps the clean executor r, whatever ``executor`` says."""
+    """Push-out only: an unclipped unit is dropped (hard value, zero gradient) when r z would be clipped; clipped
+    units stay clipped. A kept unit keeps the clean executor r, whatever ``executor`` says."""
     low, high = theory.clip_sides(x.ratio.detach(), x.adv, x.cfg)
-    loss, pushed = _push_out(x, _ppo_loss(x.ratio, x.adv, x.cfg), low | high)
+    pushed = _push_out(x, low | high)
+    loss = torch.where(~(low | high | pushed), -x.adv * x.ratio, _hard_value(x))
     return RuleOutput(loss, low, high, pushed=pushed)
 
 
 @register_rule("nsr_pushout", weight=theory.weight_nsr_pushout)
 def nsr_pushout(x: RuleInput) -> RuleOutput:
     """Both directions: NSR rescue of clipped units, then push-out of unclipped ones (an independent draw)."""
-    out = nsr(x)
-    loss, pushed = _push_out(x, out.loss, out.clipped_low | out.clipped_high)
-    return out._replace(loss=loss, pushed=pushed)
+    low, high = theory.clip_sides(x.ratio.detach(), x.adv, x.cfg)
+    rescued, executor = _rescue(x, low, high)
+    pushed = _push_out(x, low | high)
+    loss = torch.where(~(low | high | pushed) | rescued, -x.adv * executor, _hard_value(x))
+    return RuleOutput(loss, low, high, rescued=rescued, pushed=pushed)
 
 
 @register_rule("noisy_decision", weight=theory.weight_noisy_decision)
@@ -181,7 +194,7 @@ def clean_decision(x: RuleInput) -> RuleOutput:
     r, A = x.ratio, x.adv
     low, high = theory.clip_sides(r.detach(), A, x.cfg)
     xi = x.uniform(x.cfg.ratio_noise)
-    loss = torch.where(low | high, _ppo_loss(r, A, x.cfg), -A * r * xi)
+    loss = torch.where(low | high, _hard_value(x), -A * r * xi)
     return RuleOutput(loss, low, high)
 
 
@@ -243,12 +256,12 @@ def _metrics(out: RuleOutput, ratio, log_ratio_raw, valid) -> dict[str, torch.Te
     """Every METRIC_KEYS value as a 0-dim tensor, from the rule's masks: fractions of valid tokens; ratio
     mean / min / max over valid units (token-weighted at sequence level); approx_kl = mean(old - logp)."""
     dtype = ratio.dtype
-    n = valid.sum()
+    n = torch.count_nonzero(valid)
     denom = n.clamp(min=1).to(dtype)
     none = torch.zeros((), dtype=torch.bool, device=valid.device)
 
     def frac(mask):
-        return ((none if mask is None else mask) & valid).sum().to(dtype) / denom
+        return torch.count_nonzero((none if mask is None else mask) & valid).to(dtype) / denom
 
     low, high = (none if m is None else m for m in (out.clipped_low, out.clipped_high))
     r = ratio.detach()
@@ -259,10 +272,10 @@ def _metrics(out: RuleOutput, ratio, log_ratio_raw, valid) -> dict[str, torch.Te
         "clip_frac": frac(low | high),
         "rescue_frac": frac(out.rescued),
         "pushout_frac": frac(out.pushed),
-        "ratio_mean": torch.where(has, torch.where(valid, r, 0.0).sum(dtype=torch.float64).to(dtype) / denom, 1.0),
+        "ratio_mean": torch.where(has, torch.where(valid, r, 0.0).sum() / denom, 1.0),
         "ratio_min": torch.where(has, torch.where(valid, r, torch.inf).amin(), 1.0),
         "ratio_max": torch.where(has, torch.where(valid, r, -torch.inf).amax(), 1.0),
-        "approx_kl": -log_ratio_raw.detach().sum(dtype=torch.float64).to(dtype) / denom,
+        "approx_kl": -log_ratio_raw.detach().sum() / denom,
     }
 
 
@@ -300,7 +313,7 @@ def policy_loss(
     adv, valid = _check(log_probs, old_log_probs, advantages, mask)
     lr = torch.where(valid, log_probs - old_log_probs.detach(), 0.0)  # (B, T); garbage in padding stays out
     if cfg.level == "sequence":  # GSPO: s_i = exp(mean_t log r_t), straight-through: sg(s_i) * pi_t / sg(pi_t)
-        u_seq = lr.detach().sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)
+        u_seq = lr.detach().sum(-1, keepdim=True) / torch.count_nonzero(valid, -1).unsqueeze(-1).clamp(min=1)
         u = u_seq + (lr - lr.detach())
     else:
         u = lr
@@ -327,7 +340,7 @@ def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor | None, mode: str = "to
     m = torch.ones_like(loss_tok, dtype=torch.bool) if mask is None else mask.bool()
     masked = torch.where(m, loss_tok, 0.0)
     if mode == "token-mean":
-        return masked.sum() / m.sum().clamp(min=1)
-    counts = m.sum(-1)
+        return masked.sum() / torch.count_nonzero(m).clamp(min=1)
+    counts = torch.count_nonzero(m, -1)
     seq = masked.sum(-1) / counts.clamp(min=1)
     return seq.sum() / (counts > 0).sum().clamp(min=1)
