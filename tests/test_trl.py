@@ -160,3 +160,35 @@ def test_bad_settings_fail_before_work(trl_env, tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), epsilon=0.1, use_cpu=True, report_to="none")
     with pytest.raises(ValueError, match=r"GRPOConfig\.epsilon=0\.1 is not valid .*0\.2 \(loss\.eps_low\)"):
         NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig())
+
+
+def test_math_path_with_a_local_hf_model(trl_env, tmp_path):
+    """The 1-GPU preset's path on CPU: a HF model from a local folder (the tiny Qwen2 saved by save_pretrained),
+    prompt and benchmark JSONL files as experiments.openrlhf.data writes them, the math-verify reward, and
+    eval.jsonl rows per benchmark problem and sample."""
+    import json
+
+    from experiments.config import ModelConfig
+    from experiments.trl.model import char_tokenizer, tiny_qwen2
+
+    model = tiny_qwen2(ModelConfig(name="tiny-qwen2"), torch.Generator().manual_seed(0))
+    model.save_pretrained(tmp_path / "model")
+    char_tokenizer().save_pretrained(tmp_path / "model")
+    rows = [{"prompt": f"{i}+{i}=", "label": str(2 * i), "problem_id": str(i)} for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "tiny.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    overrides = [
+        f"model.name={tmp_path / 'model'}",
+        f"task.train_data={tmp_path / 'train.jsonl'}",
+        "task.eval_benchmarks=[tiny]", "task.chat_template=false", "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=6", "train.steps=2", "eval.every=0", "eval.n_prompts=4", "eval.n_samples=2",
+        "trl.use_vllm=false", "loss.rule=nsr",
+    ]  # fmt: skip
+    cfg = load_config(REPO_ROOT / "sweeps" / "presets" / "trl-qwen2.5-math-1.5b.yaml", overrides)
+    run(cfg, tmp_path / "run", progress=False)
+    rd = RunDir(tmp_path / "run")
+    assert rd.state() == "done" and [r["step"] for r in read_jsonl(rd.metrics_path)] == [1, 2]
+    evals = read_jsonl(rd.eval_path)
+    assert len(evals) == 2 * 4 * (1 + 2)  # steps 0 and 2; 4 problems; greedy + 2 samples
+    assert {(r["benchmark"], r["decoding"]) for r in evals} == {("tiny", "greedy"), ("tiny", "sampled")}
+    assert {r["problem_id"] for r in evals} == {"0", "1", "2", "3"} and {r["correct"] for r in evals} <= {0, 1}
