@@ -98,15 +98,16 @@ def run(
     rd = RunDir(out)
     if rd.path.exists() and not rd.path.is_dir():
         raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
-    existed = rd.path.exists()
+    existed, had_lock = rd.path.exists(), rd.lock_path.exists()
     try:
         with rd.lock():
             check_folder(rd, cfg, force)
             return _run_locked(cfg, rd, run_id, meta, force, progress)
-    except RunFolderError:
-        if not existed:  # refused before anything was written: leave no folder behind
-            rd.lock_path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
+    except RunFolderError:  # refused before anything was written: leave the place as it was
+        with contextlib.suppress(OSError):
+            if not had_lock:
+                rd.lock_path.unlink(missing_ok=True)
+            if not existed:
                 rd.path.rmdir()
         raise
 
@@ -166,10 +167,10 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
         signal.signal(signal.SIGTERM, previous)
 
 
-def elsewhere(cfg: RunConfig, out: Path, root: Path = RUNS_ROOT) -> tuple[str, Path] | None:
-    """("done" | "running", folder) if another folder under ``root`` holds this config done, or running (locked);
-    None otherwise. A config runs once, whichever sweeps contain it."""
-    found = [p for p in runs_by_hash(root).get(cfg.run_hash(), []) if p.resolve() != Path(out).resolve()]
+def elsewhere(cfg: RunConfig, out: Path, root: Path | None = None) -> tuple[str, Path] | None:
+    """("done" | "running", folder) if another folder under ``root`` (default RUNS_ROOT) holds this config done, or
+    running (locked); None otherwise. A config runs once, whichever sweeps contain it."""
+    found = [p for p in runs_by_hash(RUNS_ROOT if root is None else root).get(cfg.run_hash(), []) if p.resolve() != Path(out).resolve()]
     for p in found:
         if RunDir(p).state() == "done":
             return "done", p

@@ -260,7 +260,12 @@ def _job(d: Decision, res: dict) -> RunJob:
 
 
 def _record(d: Decision, job, cluster: str, log_dir: Path) -> None:
+    """slurm.json (which job owns the folder), and config.yaml if the folder has none yet, so the config's identity
+    (its hash) is known from submission on: another sweep's submitter sees it queued (a config runs once)."""
     d.out.mkdir(parents=True, exist_ok=True)
+    rd = RunDir(d.out)
+    if not rd.config_path.exists():
+        rd.write_config(d.spec.config, run_id=d.spec.run_id, **d.spec.meta)
     rec = {"job_id": str(job.job_id), "cluster": cluster, "submitted": time.time(), "log_dir": str(log_dir)}
     atomic_write_text(d.out / RECORD, json.dumps(rec, indent=1) + "\n")
 

@@ -123,6 +123,14 @@ def preset_file(preset: str, presets_dir: Path | None = None) -> Path:
 
 
 # ---------------------------------------------------------------- parsing
+def _read(path: Path, what: str) -> dict:
+    """A sweep or preset file as a mapping (duplicate keys, an empty or binary file refused) or SweepError."""
+    try:
+        return read_yaml(path, what=what)
+    except ConfigError as e:
+        raise SweepError(str(e)) from None
+
+
 def _where(path: Path, key: str) -> str:
     return f"{path}: {key}" if key else str(path)
 
@@ -225,7 +233,7 @@ def _axis_keys(grid: dict, factors: dict) -> list[tuple[str, str]]:
 def load_sweep(sweep: str | Path) -> Sweep:
     """Parse and structurally check a sweep file (no preset is read; :func:`expand` validates the runs)."""
     path = sweep_path(sweep)
-    data = read_yaml(path, what="sweep")  # duplicate keys and an empty file refused
+    data = _read(path, "sweep")
     unknown = [k for k in data if k not in TOP_KEYS]
     if unknown:
         raise SweepError(f"{path}: unknown key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")
@@ -301,7 +309,7 @@ def _load_preset(preset: str, presets_dir: Path | None, source: Path) -> tuple[P
         path = preset_file(preset, presets_dir)
     except SweepError as e:
         raise SweepError(f"{source}: {e}") from None
-    body, meta = split_meta(read_yaml(path))
+    body, meta = split_meta(_read(path, "config"))
     options = _mapping(path, "preset", meta.get("preset"), f"a mapping with keys {', '.join(PRESET_KEYS)}")
     unknown = [k for k in options if k not in PRESET_KEYS]
     if unknown:
