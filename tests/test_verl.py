@@ -173,3 +173,40 @@ def test_registration_reaches_a_fresh_worker_process():
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err.decode()[-2000:]
         assert out.decode().strip().endswith("OK compute_policy_loss_nsr_nsr 0.0")
+
+
+ROUND_TRIP = [
+    nsr.LossConfig(rule="nsr", delta=0.1, executor="clean"),
+    nsr.LossConfig(rule="hard", eps_low=0.1, eps_high=0.4, dual_clip=5.0),
+    nsr.LossConfig(rule="cispo", cispo_cap=None),
+    nsr.LossConfig(rule="sapo", sapo_tau_pos=2.0, sapo_tau_neg=3.0),
+    nsr.LossConfig(rule="clean_decision", ratio_noise=0.1),
+    nsr.LossConfig(rule="nsr", level="sequence"),
+]
+
+
+def test_recipe_overrides_round_trip():
+    """recipe_overrides(loss), composed into verl's trainer config by hydra and read back as the worker does, is loss
+    (every LossConfig field, so a sweep's grid point runs in a verl recipe as in this repo)."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        for loss in ROUND_TRIP:
+            overrides = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *nsr.verl.recipe_overrides(loss, 3)]
+            actor_cfg = omega_conf_to_dataclass(compose("ppo_trainer", overrides=overrides).actor_rollout_ref.actor)
+            assert nsr.verl.loss_config(loss.rule, actor_cfg) == loss
+            assert actor_cfg.policy_loss.seed == 3
+
+
+def test_cli_prints_a_sweeps_overrides(capsys, monkeypatch):
+    from nsr.verl.__main__ import main
+
+    monkeypatch.chdir(ROOT)
+    assert main(["--sweep", "sweeps/delta.yaml"]) == 0
+    lines = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) > 5 and all(len(parts) == 2 and parts[1].startswith(README_LINES[0]) for parts in lines)
+    assert any("+actor_rollout_ref.actor.policy_loss.delta=0.05" in parts[1] for parts in lines)
+    assert main(["sweeps/presets/tiny.yaml", "loss.delta=2"]) == 2  # a bad value: the config's own error
+    assert "loss.delta=2" in capsys.readouterr().err

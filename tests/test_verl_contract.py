@@ -88,3 +88,12 @@ def test_worker_calls_the_registry_with_the_actor_config():
         assert kw in src
     worker = open(find_spec("verl.workers.engine_workers").origin).read()  # imports GPU-only packages: read it
     assert "omega_conf_to_dataclass(self.config.actor)" in worker
+
+
+def test_every_loss_config_field_travels():
+    """A field added to nsr.LossConfig fails here until nsr.verl carries it (NSRPolicyLossConfig or a verl key)."""
+    from nsr.verl.plugin import _VERL_KEYS, LOSS_KEYS
+
+    ours = {f.name for f in fields(nsr.LossConfig)}
+    assert ours == {"rule", *_VERL_KEYS, *LOSS_KEYS}
+    assert set(LOSS_KEYS) <= {f.name for f in fields(nsr.verl.NSRPolicyLossConfig)}

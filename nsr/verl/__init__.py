@@ -7,12 +7,31 @@ PYTHONPATH) run NSR:
     actor_rollout_ref.actor.policy_loss.loss_mode=nsr:nsr \\
 
 Optional parameters: ``...policy_loss.delta=0.2``, ``.executor=clean``, ``.seed=0``, ``.dual_clip=false``;
-the trust region stays ``actor.clip_ratio_low`` / ``clip_ratio_high``. Importing this package registers the modes
-(:func:`register`); details in :mod:`nsr.verl.plugin`.
+the trust region stays ``actor.clip_ratio_low`` / ``clip_ratio_high``. ``python -m nsr.verl --sweep sweeps/delta.yaml``
+prints the overrides of every grid point of a sweep. Importing this package registers the modes (:func:`register`);
+details in :mod:`nsr.verl.plugin`.
 """
 
-from nsr.verl.plugin import PREFIX, VERL_VERSION, NSRPolicyLossConfig, loss_config, loss_modes, policy_loss, register
+from nsr.verl.plugin import (
+    PREFIX,
+    VERL_VERSION,
+    NSRPolicyLossConfig,
+    loss_config,
+    loss_modes,
+    policy_loss,
+    recipe_overrides,
+    register,
+)
 
 register()
 
-__all__ = ["PREFIX", "VERL_VERSION", "NSRPolicyLossConfig", "loss_config", "loss_modes", "policy_loss", "register"]
+__all__ = [
+    "PREFIX",
+    "VERL_VERSION",
+    "NSRPolicyLossConfig",
+    "loss_config",
+    "loss_modes",
+    "policy_loss",
+    "recipe_overrides",
+    "register",
+]

@@ -60,6 +60,8 @@ class NSRPolicyLossConfig(PolicyLossConfig):
     """Ratio that multiplies A for a rescued token: noisy (r z, the paper's default) or clean (r)."""
     ratio_noise: float = 0.0
     """sigma of the ratio noise of the noisy_decision / clean_decision rules (0 for every other rule)."""
+    cispo_cap: Optional[float] = 5.0  # noqa: UP045
+    """CISPO's upper bound on its IS weight (None: 1 + clip_ratio_high)."""
     dual_clip: bool = True
     """Apply verl's dual clip (A < 0 and r > actor.clip_ratio_c), as verl's vanilla mode always does."""
     seed: Optional[int] = None  # noqa: UP045
@@ -78,14 +80,14 @@ def loss_config(rule: str, actor_config=None, policy_loss=None) -> nsr.LossConfi
     """
     if policy_loss is None:
         policy_loss = actor_config.policy_loss if actor_config is not None else NSRPolicyLossConfig()
-    own = {f.name: policy_loss.get(f.name, f.default) for f in fields(NSRPolicyLossConfig)}
-    kwargs = {k: own[k] for k in ("level", "delta", "executor", "ratio_noise")}
+    defaults = {f.name: f.default for f in fields(NSRPolicyLossConfig)}
+    kwargs = {k: policy_loss.get(k, defaults[k]) for k in LOSS_KEYS}
     if actor_config is not None:
-        sequence = own["level"] == "sequence"
-        # verl's defaults (0.2 / 0.2) are PPO's; at sequence level GSPO recipes set 3e-4 / 4e-4 themselves
-        kwargs.update(eps_low=actor_config.clip_ratio_low, eps_high=actor_config.clip_ratio_high)
-        kwargs.update(sapo_tau_pos=actor_config.tau_pos, sapo_tau_neg=actor_config.tau_neg)
-        if own["dual_clip"] and not sequence:
+        kwargs.update(
+            {ours: actor_config.get(verl_key) for ours, verl_key in _VERL_KEYS.items() if ours != "dual_clip"}
+        )
+        # verl's vanilla always applies its dual clip (token level); GSPO recipes have none
+        if policy_loss.get("dual_clip", True) and kwargs["level"] == "token":
             kwargs["dual_clip"] = actor_config.get("clip_ratio_c", 3.0)
     try:
         return nsr.LossConfig(rule=rule, **kwargs)
@@ -104,6 +106,9 @@ _VERL_KEYS = {
     "sapo_tau_neg": "tau_neg",
 }
 """nsr.LossConfig fields read from verl's actor section, by their verl key."""
+LOSS_KEYS = ("level", "delta", "executor", "ratio_noise", "cispo_cap")
+"""nsr.LossConfig fields that are NSRPolicyLossConfig fields of the same name and meaning. With ``rule`` (from
+loss_mode), ``dual_clip`` (on/off here, the constant is verl's clip_ratio_c) and _VERL_KEYS: every field."""
 
 
 _GENERATORS: dict[tuple[int, int, str], torch.Generator] = {}
@@ -197,3 +202,33 @@ def register() -> list[str]:
         elif have.__module__ != __name__:
             raise RuntimeError(f"verl loss mode {name!r} is already registered by {have.__module__}.{have.__name__}")
     return loss_modes()
+
+
+def recipe_overrides(loss: nsr.LossConfig, seed: int | None = None) -> list[str]:
+    """The hydra overrides that make a verl recipe run ``loss`` (and, with ``seed``, seed its draws).
+
+    The first two are the README's two lines; the trust region and dual clip go to verl's own actor keys; the rule's
+    own parameters are keys verl's config does not have, hence hydra's ``+``. Composed into verl's trainer config and
+    read back by :func:`loss_config`, they give ``loss`` again (tests/test_verl.py).
+    """
+    a = "actor_rollout_ref.actor."
+    out = [
+        f"{a}policy_loss._target_={__package__}.NSRPolicyLossConfig",
+        f"{a}policy_loss.loss_mode={PREFIX}{loss.rule}",
+        f"{a}clip_ratio_low={loss.eps_low!r}",
+        f"{a}clip_ratio_high={loss.eps_high!r}",
+        f"{a}tau_pos={loss.sapo_tau_pos!r}",
+        f"{a}tau_neg={loss.sapo_tau_neg!r}",
+    ]
+    if loss.dual_clip is not None:
+        out.append(f"{a}clip_ratio_c={loss.dual_clip!r}")
+    elif loss.level == "token":
+        out.append(f"+{a}policy_loss.dual_clip=false")
+    defaults = {f.name: f.default for f in fields(NSRPolicyLossConfig)}
+    for key in LOSS_KEYS:
+        value = getattr(loss, key)
+        if value != defaults[key]:
+            out.append(f"+{a}policy_loss.{key}={'null' if value is None else value}")
+    if seed is not None:
+        out.append(f"+{a}policy_loss.seed={seed}")
+    return out
