@@ -192,3 +192,12 @@ def test_math_path_with_a_local_hf_model(trl_env, tmp_path):
     assert len(evals) == 2 * 4 * (1 + 2)  # steps 0 and 2; 4 problems; greedy + 2 samples
     assert {(r["benchmark"], r["decoding"]) for r in evals} == {("tiny", "greedy"), ("tiny", "sampled")}
     assert {r["problem_id"] for r in evals} == {"0", "1", "2", "3"} and {r["correct"] for r in evals} <= {0, 1}
+
+
+def test_sweeps_run_on_the_trl_preset():
+    """--preset trl-tiny turns a sweep's grid into trl runs, as --preset tiny does for the testbed."""
+    from sweeps import expand
+
+    runs = expand(REPO_ROOT / "sweeps" / "delta.yaml", preset="trl-tiny")
+    assert len(runs) > 5 and {r.config.backend for r in runs} == {"trl"}
+    assert {r.config.model.name for r in runs} == {"tiny-qwen2"} and len({r.config.loss for r in runs}) > 5

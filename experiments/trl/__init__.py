@@ -19,6 +19,7 @@ def check_config(cfg) -> None:
 
     Raises ConfigError naming the key and the allowed values.
     """
+    import experiments.trl.model  # noqa: F401  registers tiny-qwen2 with the testbed's models (its SFT builds it)
     from experiments.config import _check
 
     ro, tr = cfg.rollout, cfg.train
