@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 import nsr
+from nsr.openrlhf.mapping import LOSS_TYPE
 from nsr.openrlhf.reference import load_loss_module
 
 DEFAULT_SPREAD = {"token": 0.15, "sequence": 0.015}
@@ -91,7 +92,7 @@ def build_cases(old, adv, mask, level: str, seed: int = 0) -> list[Case]:
         clip_eps_low=hard.eps_low,
         clip_eps_high=hard.eps_high,
         token_level_loss=level == "token",
-        policy_loss_type="ppo" if level == "token" else "gspo",
+        policy_loss_type=LOSS_TYPE[level],
     )
     mode = "token-mean" if level == "token" else "seq-mean-token-mean"
 

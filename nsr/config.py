@@ -77,6 +77,11 @@ class LossConfig:
             raise ValueError(f"{name}.rule={self.rule!r} is not valid; allowed: {', '.join(RULES)}")
         RULES[self.rule]  # raises ValueError listing the valid rules
         _choice(name, "level", self.level, LEVELS)
+        levels = RULES.info(self.rule).get("levels", LEVELS)
+        if self.level not in levels:
+            raise ValueError(
+                f"{name}.level={self.level!r} is not valid for rule={self.rule!r}; allowed: {', '.join(levels)}"
+            )
         for key, default in LEVEL_DEFAULTS[self.level].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, default)

@@ -2,15 +2,17 @@
 
 Rule contract (how to add one; verl ``core_algos`` style)::
 
-    @register_rule("name", weight=theory.weight_name)   # weight: E[gradient weight] (r, s, cfg) -> w, or omit
-    def name(x: RuleInput) -> RuleOutput:
+    @register_rule("name", weight=theory.weight_name)   # weight: E[gradient weight] (r, s, cfg) -> w, or omit;
+    def name(x: RuleInput) -> RuleOutput:               # levels=("token",) for a rule with no sequence form
         ...
 
 * ``x.ratio`` r and ``x.log_ratio`` log r: (B, T) float tensors that carry the gradient to ``log_probs``; log r is
   clamped to [-20, 20] (zero gradient outside, as OpenRLHF). At sequence level (GSPO) every token of sequence i
   holds the sequence ratio s_i = exp(mean_t log r_t) in the straight-through form of OpenRLHF's / verl's gspo:
   value sg(s_i), gradient d r_t / d log pi_t = s_i (so a rule never needs to know the level).
-* ``x.adv``: (B, T) advantages, detached, 0 on padded tokens. ``x.cfg``: the LossConfig.
+* ``x.adv``: (B, T) advantages, detached, 0 on padded tokens. ``x.cfg``: the LossConfig. ``x.valid``: (B, T) bool
+  mask of real tokens; ``x.log_probs`` (differentiable) and ``x.old_log_probs`` (constant): (B, T), 0 on padding,
+  for rules whose formula uses pi itself (per token, whatever the level; each is computed when read).
 * ``x.uniform(h)``: U(1 - h, 1 + h) noise from the run's generator, one value per unit: (B, T) at token level,
   (B, 1) at sequence level (one z per sequence); exactly 1 when h = 0. Draw order: each call draws one full
   tensor, in the order the rule calls it.
@@ -33,7 +35,7 @@ from typing import NamedTuple
 import torch
 
 from nsr import theory
-from nsr.config import AGG_MODES, LossConfig
+from nsr.config import AGG_MODES, LEVELS, LossConfig
 from nsr.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
@@ -62,6 +64,22 @@ class RuleInput(NamedTuple):
     """(B, T) advantages, constant, 0 on padded tokens."""
     cfg: LossConfig
     generator: torch.Generator | None
+    valid: torch.Tensor | None = None
+    """(B, T) bool, True on real tokens (for rules that need statistics over the valid tokens)."""
+    raw_log_probs: torch.Tensor | None = None
+    """(B, T) log pi as the caller passed it (padding may hold anything): use :attr:`log_probs`."""
+    raw_old_log_probs: torch.Tensor | None = None
+    """(B, T) log pi_old as the caller passed it: use :attr:`old_log_probs`."""
+
+    @property
+    def log_probs(self) -> torch.Tensor:
+        """(B, T) log pi, differentiable, 0 on padded tokens (computed on each access: read it once)."""
+        return torch.where(self.valid, self.raw_log_probs, 0.0)
+
+    @property
+    def old_log_probs(self) -> torch.Tensor:
+        """(B, T) log pi_old, constant, 0 on padded tokens (computed on each access: read it once)."""
+        return torch.where(self.valid, self.raw_old_log_probs.detach(), 0.0)
 
     def uniform(self, half_width: float) -> torch.Tensor:
         """z ~ U(1 - h, 1 + h), one per unit: (B, T) per token, (B, 1) per sequence (docs/method.md, GSPO variant)."""
@@ -88,10 +106,11 @@ Rule = Callable[[RuleInput], RuleOutput]
 RULES: Registry[Rule] = Registry("LossConfig.rule")
 
 
-def register_rule(name: str, weight: Callable | None = None) -> Callable[[Rule], Rule]:
+def register_rule(name: str, weight: Callable | None = None, levels: tuple[str, ...] = LEVELS):
     """Register a rule under ``name`` with its analytic expected gradient weight ``weight(r, s, cfg)``
-    (nsr.theory; None when the rule has none), read back by :func:`nsr.expected_weight`."""
-    return RULES.register(name, weight=weight)
+    (nsr.theory; None when the rule has none), read back by :func:`nsr.expected_weight`, and the levels it is
+    defined at (LossConfig refuses the others)."""
+    return RULES.register(name, weight=weight, levels=tuple(levels))
 
 
 def _ppo_loss(r: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
@@ -319,7 +338,7 @@ def policy_loss(
         u = lr
     log_ratio = u.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # zero gradient outside, as OpenRLHF
     ratio = log_ratio.exp()
-    out = RULES[cfg.rule](RuleInput(ratio, log_ratio, adv, cfg, generator))
+    out = RULES[cfg.rule](RuleInput(ratio, log_ratio, adv, cfg, generator, valid, log_probs, old_log_probs))
     loss = out.loss
     if cfg.dual_clip is not None:  # docs/method.md: after the rule; such units are neither rescued nor clipped
         dual = (adv < 0) & (ratio.detach() > cfg.dual_clip)

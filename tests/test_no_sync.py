@@ -53,7 +53,7 @@ class NoSync(TorchDispatchMode):
 CFGS = [
     nsr.LossConfig(rule=rule, level=level, ratio_noise=0.1 if "decision" in rule else 0.0, **extra)
     for rule in nsr.RULES
-    for level in ("token", "sequence")
+    for level in nsr.RULES.info(rule)["levels"]
     for extra in ({}, {"dual_clip": 3.0}, {"executor": "clean"}, {"cispo_cap": None})
 ]
 

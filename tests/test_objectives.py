@@ -224,7 +224,7 @@ BATCH = st.builds(
 ALL_CFGS = [
     nsr.LossConfig(rule=r, level=lvl, ratio_noise=0.2 if "decision" in r else 0.0)
     for r in nsr.RULES
-    for lvl in ("token", "sequence")
+    for lvl in nsr.RULES.info(r)["levels"]
 ]
 
 
@@ -414,6 +414,28 @@ def test_every_registered_rule_resolves_and_runs():
             assert (w >= 0).all() and (w <= 1).all()
     with pytest.raises(ValueError, match="hard, nsr, soft"):
         nsr.RULES["nope"]
+
+
+def test_rule_input_gives_masked_log_probs():
+    """RuleInput.log_probs / old_log_probs: 0 on padding (whatever the caller put there), gradient to log_probs only."""
+    logp, old, adv, mask = make_batch(B=3, T=5)
+    logp = logp.detach().clone()
+    logp[~mask] = float("nan")
+    logp.requires_grad_()
+    old = old.clone().requires_grad_()
+    x = nsr.objectives.RuleInput(None, None, adv, nsr.LossConfig(), None, mask, logp, old)
+    lp, op = x.log_probs, x.old_log_probs
+    assert (lp[~mask] == 0).all() and (op[~mask] == 0).all() and torch.equal(lp[mask], logp[mask])
+    assert not op.requires_grad
+    (lp.sum() + op.sum()).backward()
+    assert torch.equal(logp.grad, mask.to(logp.dtype)) and old.grad is None
+
+
+def test_every_rule_is_defined_at_its_registered_levels():
+    for name in nsr.RULES:
+        levels = nsr.RULES.info(name)["levels"]
+        assert set(levels) <= {"token", "sequence"} and levels
+    assert all(nsr.RULES.info(n)["levels"] == ("token", "sequence") for n in ("hard", "nsr", "cispo", "noclip"))
 
 
 def test_expected_weight_has_the_rules_of_the_registry():
