@@ -174,6 +174,14 @@ class TrainConfig:
     """KL-to-reference loss coefficient (0 = no reference model, as DAPO)."""
     allow_on_policy: bool = False
     """epochs x minibatches == 1 makes every ratio 1, so every clip rule equals the baseline; refused unless True."""
+    dgg: bool = False
+    """tiny: Dynamic Gradient Gating (arXiv 2605.19425, experiments/tiny/dgg.py): skip an update whose lm_head
+    gradient norm exceeds dgg_k x the median of the previous dgg_window updates' norms (docs/method.md [choice]);
+    the first update of each rollout is never gated."""
+    dgg_k: float = 3.0
+    """DGG surge factor (> 1)."""
+    dgg_window: int = 20
+    """DGG: how many previous updates' norms the median is taken over (>= 1)."""
 
     def __post_init__(self):
         _range("train", "steps", self.steps, 1, MAX_STEPS)
@@ -187,12 +195,31 @@ class TrainConfig:
         _check("train", "agg_mode", self.agg_mode in AGG_MODES, ", ".join(AGG_MODES), self.agg_mode)
         _range("train", "entropy_coef", self.entropy_coef, 0)
         _range("train", "kl_coef", self.kl_coef, 0)
+        _range("train", "dgg_k", self.dgg_k, 1, 1000, lo_open=True)
+        _range("train", "dgg_window", self.dgg_window, 1, 10000)
         if self.epochs * self.minibatches == 1 and not self.allow_on_policy:
             raise ConfigError(
                 "train.epochs * train.minibatches = 1: one optimizer step per rollout keeps every ratio at 1, so "
                 "no token is ever clipped and every clip rule equals the baseline; allowed: epochs * minibatches "
                 ">= 2, or train.allow_on_policy=true"
             )
+
+
+REWARD_SOURCES = ("verifier", "vote", "certainty", "label_free")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """What the policy is trained on (tiny backend; experiments/tiny/rewards.py). The verifier's reward is always
+    logged as reward_mean."""
+
+    source: Literal["verifier", "vote", "certainty", "label_free"] = "verifier"
+    """verifier: the task's exact verifier. vote: 1 if the response's answer is its group's majority answer (TTRL).
+    certainty: self-certainty, mean KL(Uniform || p) over the response (INTUITOR). label_free: vote + certainty,
+    each normalized within its group before summing (GDPO-style)."""
+
+    def __post_init__(self):
+        _check("reward", "source", self.source in REWARD_SOURCES, ", ".join(REWARD_SOURCES), self.source)
 
 
 @dataclass(frozen=True)
@@ -314,6 +341,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     openrlhf: OpenRLHFConfig = field(default_factory=OpenRLHFConfig)
@@ -331,6 +359,10 @@ class RunConfig:
             from experiments.tiny import check_config  # task/model registries and sizes; late import (cycle)
 
             check_config(self)
+        else:  # options the tiny loop implements and the OpenRLHF launcher does not (docs/method.md)
+            allowed = "verifier (label-free rewards are a tiny-backend option)"
+            _check("reward", "source", self.reward.source == "verifier", allowed, self.reward.source)
+            _check("train", "dgg", not self.train.dgg, "false (DGG is a tiny-backend option)", self.train.dgg)
 
     # ---------------------------------------------------------------- views
     def to_dict(self) -> dict[str, Any]:
@@ -503,8 +535,9 @@ def apply_overrides(data: dict, overrides: list[str] | dict) -> dict:
     return out
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+class _UniqueKeys:
+    """A safe YAML loader's mapping constructor that refuses a key given twice in one mapping (PyYAML keeps the last
+    one silently)."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -525,6 +558,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 except TypeError:  # an unhashable key: SafeLoader's own error says so below
                     continue
         return super().construct_mapping(node, deep=deep)
+
+
+class _UniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """Safe loading (libyaml's parser where installed: 7x faster on run folders) with duplicate keys refused."""
 
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:

@@ -244,3 +244,56 @@ def test_ray_head_and_worker_join_inside_an_allocation():
     assert summary["nodes"] == 2 and summary["address"].endswith(":6391") and summary["resources"]["CPU"] > 0
     left = subprocess.run(["pgrep", "-f", ":6391"], capture_output=True, text=True, check=False)
     assert left.stdout.strip() == ""  # no Ray process of this cluster (port 6391) survives the job
+
+
+def _sbatch_held() -> str:
+    """A real job that never starts: submitted held, then cancelled."""
+    p = subprocess.run(
+        ["sbatch", "--hold", "--parsable", "--time=1", "--mem=100M", "--wrap", "true"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job = p.stdout.strip().split(";")[0]
+    subprocess.run(["scancel", job], check=True)
+    return job
+
+
+@pytest.mark.timeout(180)
+def test_status_shows_sacct_state_of_jobs_that_ended_without_the_run(tmp_path):
+    """A folder whose job was cancelled before it started read `queued`; a `running` folder whose job is gone read
+    `running`. Both now say what sacct says."""
+    sw = sweep_file(
+        tmp_path, "gone", "base: {train.steps: 2}\narms: {hard: {loss.rule: hard}, nsr: {loss.rule: nsr}}\n"
+    )
+    never, killed = expand(sw)
+    root = tmp_path / "runs"
+    for spec in (never, killed):
+        folder = root / spec.sweep / spec.run_id
+        RunDir(folder).write_config(spec.config, run_id=spec.run_id)  # as slurm.submit leaves it
+        (folder / "slurm.json").write_text(json.dumps({"job_id": _sbatch_held(), "cluster": "slurm"}))
+    RunDir(root / killed.sweep / killed.run_id).set_status("running")  # its job died without a word (kill -9)
+    table = wait_for(lambda: all_ended(rows(sw, out_root=root)), 60, "sacct to record the cancellations")
+    assert [r["sacct"] for r in table] == ["CANCELLED", "CANCELLED"]
+    assert [r["state"] for r in table] == ["not started (job CANCELLED)", "stopped (job CANCELLED)"]
+
+
+@pytest.mark.timeout(600)
+def test_a_config_shared_by_two_sweeps_runs_once(tmp_path, capsys):
+    shared = "base: {train.steps: 2, eval.every: 0}\n"
+    a = sweep_file(tmp_path, "first", shared + "arms: {hard: {loss.rule: hard}}\n")
+    b = sweep_file(tmp_path, "second", shared + "arms: {hard: {loss.rule: hard}, nsr: {loss.rule: nsr}}\n")
+    kw = {"cluster": "slurm", "out_root": tmp_path / "runs", "log_dir": tmp_path / "logs"}
+    sub_a = submit(a, **kw)
+    (first,) = sub_a.submitted
+    sub_b = submit(b, **kw)  # while the first sweep's job is queued or running
+    got = {d.spec.meta["arm"]: d for d in sub_b.decisions}
+    assert not got["hard"].submit and str(first.out) in got["hard"].reason, got["hard"].reason
+    assert got["nsr"].submit
+    finish(sub_a.jobs + sub_b.jobs)
+    assert RunDir(first.out).state() == "done" and not got["hard"].out.exists()
+    again = submit(b, dry_run=True, **kw)
+    assert {d.spec.meta["arm"]: d.reason for d in again.decisions} == {
+        "hard": f"done in {first.out} (the same config)",
+        "nsr": "done",
+    }
