@@ -18,6 +18,7 @@ $(VENV)/.installed: requirements-cpu.txt pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements-cpu.txt
+	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.6
 	$(PIP) install --quiet --no-deps openrlhf==0.11.2
 	$(PIP) install --quiet --no-deps verl==0.9.1 tensordict==0.10.0
 	$(PIP) install --quiet -e .
@@ -27,6 +28,7 @@ $(VENV)/.installed: requirements-cpu.txt pyproject.toml
 test: venv
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		bash slurm/local_cluster.sh start; \
+		command -v g++ >/dev/null || (apt-get update -q && apt-get install -y -q g++); \
 	else echo "make test: not starting SLURM (needs root and apt-get); SLURM tests skip (fail under CI=true)"; fi
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
