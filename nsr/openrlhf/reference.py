@@ -3,7 +3,7 @@
 ``openrlhf.models`` imports flash-attn, deepspeed and transformers at package import, none of which a laptop
 or CI can install (flash-attn needs CUDA). Its loss lives in two plain files, ``models/utils.py`` and
 ``models/loss.py``; OpenRLHF's own tests load them by path, and so do we, under a private package name, with
-a placeholder ``deepspeed`` module only when the real one is absent (``utils.py`` imports it at the top and
+a placeholder ``deepspeed`` module unless the real one is already imported (``utils.py`` imports it at the top and
 never uses it in the functions we call). The code that runs is OpenRLHF's, byte for byte.
 
 On a cluster, where ``import openrlhf.models.loss`` works, :func:`load_loss_module` returns the real module.
@@ -56,8 +56,10 @@ def load_loss_module(prefer_real: bool = False) -> types.ModuleType:
     pkg = types.ModuleType(_PKG)
     pkg.__path__ = [str(models)]
     sys.modules[_PKG] = pkg
-    placeholder = "deepspeed" not in sys.modules and importlib.util.find_spec("deepspeed") is None
-    if placeholder:  # utils.py imports it at the top; the loss functions never use it
+    # utils.py imports deepspeed at the top and the loss functions never use it: a placeholder unless it is already
+    # imported (a real import costs seconds and sets up DeepSpeed's accelerator)
+    placeholder = "deepspeed" not in sys.modules
+    if placeholder:
         sys.modules["deepspeed"] = types.ModuleType("deepspeed")
     try:
         for name in ("utils", "loss"):

@@ -38,9 +38,18 @@ def _converter(hint) -> tuple[typing.Callable[[str], object], tuple | None]:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
         conv, choices = _converter(inner[0])
-        return (lambda s: None if s == "None" else conv(s)), choices
+
+        def optional(s: str):
+            return None if s == "None" else conv(s)
+
+        optional.__name__ = f"{conv.__name__} or None"  # argparse's message: "invalid float or None value"
+        return optional, choices
     if hint is bool:
-        return (lambda s: {"true": True, "false": False}[s.lower()]), None
+
+        def boolean(s: str) -> bool:
+            return {"true": True, "false": False}[s.lower()]
+
+        return boolean, None
     if hint in (int, float, str):
         return hint, None
     raise TypeError(f"no --nsr flag type for {hint!r}")

@@ -1,0 +1,137 @@
+"""The launcher's checks before Ray starts (OpenRLHF's real parser and checks, then the NSR layer's refusals from
+nsr/openrlhf/mapping.py), its exit status, the --nsr flags generated from the config dataclasses, and the one seed
+hash every random stream uses."""
+
+import dataclasses
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.config import load_config
+from experiments.openrlhf.argv import build_command
+from experiments.tiny import rng
+from nsr import AdvantageConfig, LossConfig, seeds
+from nsr.openrlhf import launch, mapping
+from nsr.openrlhf.loss import NSRPolicyLoss
+from nsr.openrlhf.settings import NSRSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "sweeps" / "presets" / "qwen2.5-math-7b-dapo.yaml"
+
+
+def _argv(*overrides, extra=()):
+    cfg = load_config(PRESET, ["openrlhf.dynamic_filtering=false", "openrlhf.overlong_buffer_len=0", *overrides])
+    cmd = build_command(cfg, "/tmp/nsr-launch-test", "x")
+    return cmd.nsr_argv + cmd.openrlhf_argv + list(extra)
+
+
+def test_a_preset_command_passes_every_check():
+    settings, rest = launch.prepare(_argv("loss.rule=nsr"))
+    assert settings.rule == "nsr" and settings.max_steps == 400 and "--ckpt.max_num" in rest
+
+
+REFUSED = [
+    (("loss.rule=nsr",), ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size=2 is not supported.*allowed: 1"),
+    (("loss.rule=nsr",), ["--ds.tensor_parallel_size", "2"], "--ds.tensor_parallel_size=2 is not supported"),
+    (
+        ("advantages.kind=random_reward",),
+        ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0", "1"],
+        "random_reward with dynamic filtering",
+    ),
+    (
+        ("advantages.kind=random_reward",),
+        ["--reward.overlong_buffer_len", "512", "--reward.overlong_penalty_factor", "1.0"],
+        "random_reward with an overlong penalty",
+    ),
+    (("loss.rule=nsr",), ["--algo.advantage.is_correction_level", "token"], "vLLM IS correction.*allowed: off"),
+    (
+        ("advantages.kind=no_std",),
+        ["--algo.advantage.estimator", "group_norm"],
+        "needs --algo.advantage.estimator dr_grpo",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides,extra,match", REFUSED)
+def test_unsupported_openrlhf_options_are_refused_before_ray(overrides, extra, match):
+    argv = _argv(*overrides)
+    # the later flag wins in argparse: the refused value replaces the preset's
+    with pytest.raises(launch.LaunchError, match=match):
+        launch.prepare(argv + extra)
+
+
+def test_the_maps_are_inverse_and_name_what_is_allowed():
+    assert {mapping.level_of(t): t for t in mapping.LOSS_TYPE.values()} == {v: k for k, v in mapping.LEVEL.items()}
+    assert all(mapping.level_of(mapping.LOSS_TYPE[lv]) == lv for lv in ("token", "sequence"))
+    with pytest.raises(ValueError, match="policy_loss_type='cispo' is not supported.*allowed: ppo, gspo"):
+        mapping.level_of("cispo")
+    assert set(mapping.ESTIMATOR) == set(typing.get_args(typing.get_type_hints(AdvantageConfig)["kind"]))
+
+
+def test_one_kept_checkpoint_is_refused():
+    """--ckpt.max_num 1: OpenRLHF deletes the old checkpoint before writing the new one (unresumable window)."""
+    with pytest.raises(launch.LaunchError, match="--ckpt.max_num=1 with --ckpt.load_enable.*allowed: >= 2"):
+        launch.prepare(_argv(extra=["--ckpt.max_num", "1"]))
+
+
+def test_refused_commands_exit_with_status_2():
+    p = subprocess.run(
+        [sys.executable, "-m", "nsr.openrlhf.launch", "--nsr.rule", "nsrr"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    assert "nsr.openrlhf.launch: error:" in p.stderr and "allowed: hard, nsr" in p.stderr
+
+
+# ---------------------------------------------------------------- --nsr flags from the dataclass fields
+def test_every_config_field_is_a_flag_except_those_openrlhf_sets():
+    parser_flags = set()
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    NSRSettings.add_arguments(parser)
+    parser_flags = {s for a in parser._actions for s in a.option_strings if s.startswith("--nsr.")}
+    loss = {f"--nsr.{f.name}" for f in dataclasses.fields(LossConfig) if f.name not in mapping.FROM_OPENRLHF}
+    adv = {f"--nsr.adv_{f.name}" for f in dataclasses.fields(AdvantageConfig)}
+    assert parser_flags == loss | adv | {"--nsr.metrics_path", "--nsr.max_steps"}
+
+
+def test_flag_types_come_from_the_field_types():
+    s, rest = NSRSettings.parse(
+        ["--nsr.rule", "nsr", "--nsr.delta", "0.1", "--nsr.adv_noise", "0.5", "--nsr.max_steps", "7", "--x", "1"]
+    )
+    assert rest == ["--x", "1"]
+    assert s.loss == {"rule": "nsr", "delta": 0.1} and s.advantages.noise == 0.5 and s.max_steps == 7
+    assert NSRSettings.parse(["--nsr.delta", "None"])[0].loss == {"delta": None}  # float | None
+    with pytest.raises(ValueError, match="invalid choice: 'median'.*'mult', 'add'"):  # a Literal's choices
+        NSRSettings.parse(["--nsr.adv_noise_mode", "median"])
+    with pytest.raises(ValueError, match="invalid float or None value: 'x'"):
+        NSRSettings.parse(["--nsr.delta", "x"])
+    with pytest.raises(ValueError, match="unknown flag '--nsr.eps_low'.*allowed --nsr flags"):
+        NSRSettings.parse(["--nsr.eps_low", "0.1"])  # set by --actor.eps_clip_low_high
+
+
+def test_settings_round_trip_through_the_command_line():
+    loss = LossConfig(rule="noisy_decision", level="sequence", delta=1e-4, ratio_noise=0.2, executor="clean")
+    adv = AdvantageConfig(kind="positive_only", noise=0.3, noise_mode="add")
+    s = NSRSettings.from_configs(loss, adv, metrics_path="/r/metrics.jsonl", max_steps=9)
+    back, rest = NSRSettings.parse(s.to_argv())
+    assert back == s and rest == []
+    assert back.loss_config(loss.eps_low, loss.eps_high, None, "sequence") == loss
+
+
+# ---------------------------------------------------------------- one seed hash
+def test_one_seed_hash_for_the_testbed_and_the_cluster_loss():
+    assert rng.derive_seed is seeds.derive_seed and rng.generator is seeds.generator
+    fn = NSRPolicyLoss(settings=NSRSettings.make(rule="nsr"), seed=3, rank=1)
+    fn.start_step(5)
+    g = fn.generator(torch.device("cpu"))
+    assert g.initial_seed() == seeds.derive_seed("loss", 3, 1, 5, 0)
+    assert seeds.derive_seed(0, 1, "rollout") != seeds.derive_seed(0, 2, "rollout")
