@@ -1,6 +1,6 @@
 """NSR: Near-boundary Stochastic Rescue and the clip rules it is compared with, in pure torch.
 
-Public API (design.md): ``LossConfig``, ``policy_loss``, ``aggregate``, ``expected_weight``, ``RULES``,
+Public API (docs/design.md): ``LossConfig``, ``policy_loss``, ``aggregate``, ``expected_weight``, ``RULES``,
 ``AdvantageConfig``, ``compute_advantages``. Nothing here imports a trainer framework; the OpenRLHF adapter
 lives in ``nsr.openrlhf`` and is imported only on demand.
 """
