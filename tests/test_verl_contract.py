@@ -91,9 +91,24 @@ def test_worker_calls_the_registry_with_the_actor_config():
 
 
 def test_every_loss_config_field_travels():
-    """A field added to nsr.LossConfig fails here until nsr.verl carries it (NSRPolicyLossConfig or a verl key)."""
+    """Every nsr.LossConfig field (fields added later too) is a verl actor key or an NSRPolicyLossConfig field with
+    the same default, and OmegaConf accepts the subclass as a structured config (hydra builds it from YAML)."""
+    from omegaconf import OmegaConf
+
     from nsr.verl.plugin import _VERL_KEYS, LOSS_KEYS
 
-    ours = {f.name for f in fields(nsr.LossConfig)}
-    assert ours == {"rule", *_VERL_KEYS, *LOSS_KEYS}
-    assert set(LOSS_KEYS) <= {f.name for f in fields(nsr.verl.NSRPolicyLossConfig)}
+    ours = {f.name: f.default for f in fields(nsr.LossConfig)}
+    assert set(ours) == {"rule", *_VERL_KEYS, *LOSS_KEYS}
+    sub = {f.name: f.default for f in fields(nsr.verl.NSRPolicyLossConfig)}
+    assert all(sub[k] == ours[k] for k in LOSS_KEYS)
+    assert OmegaConf.to_object(OmegaConf.structured(nsr.verl.NSRPolicyLossConfig)) == nsr.verl.NSRPolicyLossConfig()
+
+
+def test_verl_imports_external_modules_in_every_process():
+    """``import verl`` imports the comma-separated modules of VERL_USE_EXTERNAL_MODULES (verl/__init__.py), so
+    VERL_USE_EXTERNAL_MODULES=nsr.verl registers the modes in every process without the ``_target_`` line."""
+    from importlib.util import find_spec
+
+    src = open(find_spec("verl").origin).read()
+    assert 'modules = os.getenv("VERL_USE_EXTERNAL_MODULES", "")' in src
+    assert "import_external_libs(modules)" in src

@@ -30,7 +30,8 @@ detached 0-dim tensors (verl's ``Metric`` turns them into floats when it aggrega
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+import typing
+from dataclasses import field, fields, make_dataclass
 from typing import Optional
 
 import torch
@@ -45,31 +46,64 @@ VERL_VERSION = "0.9.1"
 """The verl release this plug-in is written and tested against (tests/test_verl_contract.py)."""
 
 
-@dataclass
-class NSRPolicyLossConfig(PolicyLossConfig):
-    """verl's ``PolicyLossConfig`` plus the parameters of the nsr rules (nsr.LossConfig, method.md).
+_VERL_KEYS = {
+    "eps_low": "clip_ratio_low",
+    "eps_high": "clip_ratio_high",
+    "dual_clip": "clip_ratio_c",
+    "sapo_tau_pos": "tau_pos",
+    "sapo_tau_neg": "tau_neg",
+}
+"""nsr.LossConfig fields read from verl's actor section, by their verl key (dual clip: see NSRPolicyLossConfig)."""
+LOSS_KEYS = tuple(f.name for f in fields(nsr.LossConfig) if f.name not in ("rule", *_VERL_KEYS))
+"""Every other nsr.LossConfig field (level, delta, executor, ...; fields added later too): a field of
+NSRPolicyLossConfig with the same name, default and meaning."""
 
-    Select it in a recipe with ``actor_rollout_ref.actor.policy_loss._target_=nsr.verl.NSRPolicyLossConfig``.
-    """
 
-    level: str = "token"
-    """token (PPO/GRPO/DAPO ratio) or sequence (GSPO ratio exp(mean_t log r_t))."""
-    delta: Optional[float] = None  # noqa: UP045 (OmegaConf's structured configs read Optional, not X | None)
-    """Half-width of NSR's z ~ U(1 - delta, 1 + delta). None: 0.2 at token level, 4e-4 at sequence level."""
-    executor: str = "noisy"
-    """Ratio that multiplies A for a rescued token: noisy (r z, the paper's default) or clean (r)."""
-    ratio_noise: float = 0.0
-    """sigma of the ratio noise of the noisy_decision / clean_decision rules (0 for every other rule)."""
-    cispo_cap: Optional[float] = 5.0  # noqa: UP045
-    """CISPO's upper bound on its IS weight (None: 1 + clip_ratio_high)."""
-    dual_clip: bool = True
-    """Apply verl's dual clip (A < 0 and r > actor.clip_ratio_c), as verl's vanilla mode always does."""
-    seed: Optional[int] = None  # noqa: UP045
-    """Seed of the rule's random draws (one stream per process: seed, DP rank); None: torch's global RNG."""
+def _omegaconf_type(tp):
+    """The type OmegaConf's structured configs accept for a LossConfig field type: Literal[...] -> str,
+    X | None -> Optional[X]."""
+    if typing.get_origin(tp) is typing.Literal:
+        return str
+    args = typing.get_args(tp)
+    if type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return Optional[_omegaconf_type(inner)]  # noqa: UP045 (OmegaConf reads Optional, not X | None)
+    return tp
 
-    def __post_init__(self):
-        if self.loss_mode.startswith(PREFIX):  # check the rule and its parameters before any work starts
-            loss_config(self.loss_mode.removeprefix(PREFIX), None, self)
+
+def _post_init(self):
+    if self.loss_mode.startswith(PREFIX):  # check the rule and its parameters before any work starts
+        loss_config(self.loss_mode.removeprefix(PREFIX), None, self)
+
+
+_HINTS = typing.get_type_hints(nsr.LossConfig)
+NSRPolicyLossConfig = make_dataclass(
+    "NSRPolicyLossConfig",
+    [
+        *(
+            (f.name, _omegaconf_type(_HINTS[f.name]), field(default=f.default))
+            for f in fields(nsr.LossConfig)
+            if f.name in LOSS_KEYS
+        ),  # fmt: skip
+        ("dual_clip", bool, field(default=True)),
+        ("seed", Optional[int], field(default=None)),  # noqa: UP045
+    ],
+    bases=(PolicyLossConfig,),
+    namespace={"__post_init__": _post_init},
+)
+NSRPolicyLossConfig.__module__ = __name__
+NSRPolicyLossConfig.__doc__ = """verl's ``PolicyLossConfig`` plus the parameters of the nsr rules: a field for every
+nsr.LossConfig field that verl's actor section does not hold (LOSS_KEYS: level, delta, executor, ratio_noise, ...;
+built from nsr.LossConfig, so fields added there later travel too), and
+
+* ``dual_clip`` (bool, default True): apply verl's dual clip (A < 0 and r > actor.clip_ratio_c), as verl's vanilla
+  mode always does (token level only);
+* ``seed`` (int or None): seed of the rule's random draws, one stream per process (seed, DP rank); None: torch's
+  global RNG.
+
+Select it in a recipe with ``actor_rollout_ref.actor.policy_loss._target_=nsr.verl.NSRPolicyLossConfig``; set a
+parameter with ``+actor_rollout_ref.actor.policy_loss.delta=0.1`` (``+``: a key verl's own config does not have).
+"""
 
 
 def loss_config(rule: str, actor_config=None, policy_loss=None) -> nsr.LossConfig:
@@ -96,19 +130,6 @@ def loss_config(rule: str, actor_config=None, policy_loss=None) -> nsr.LossConfi
         for ours, verl_key in _VERL_KEYS.items():
             msg = msg.replace(f"LossConfig.{ours}=", f"{verl_key}=")
         raise ValueError("verl actor_rollout_ref.actor." + msg.replace("LossConfig.", "policy_loss.")) from None
-
-
-_VERL_KEYS = {
-    "eps_low": "clip_ratio_low",
-    "eps_high": "clip_ratio_high",
-    "dual_clip": "clip_ratio_c",
-    "sapo_tau_pos": "tau_pos",
-    "sapo_tau_neg": "tau_neg",
-}
-"""nsr.LossConfig fields read from verl's actor section, by their verl key."""
-LOSS_KEYS = ("level", "delta", "executor", "ratio_noise", "cispo_cap")
-"""nsr.LossConfig fields that are NSRPolicyLossConfig fields of the same name and meaning. With ``rule`` (from
-loss_mode), ``dual_clip`` (on/off here, the constant is verl's clip_ratio_c) and _VERL_KEYS: every field."""
 
 
 _GENERATORS: dict[tuple[int, int, str], torch.Generator] = {}
