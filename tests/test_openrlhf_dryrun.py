@@ -57,3 +57,26 @@ def test_one_run(lines):
 def test_bad_requests_are_clear_errors():
     proc = _dry("--sweep", str(SWEEP), "--run", "no-such-run", "--dry-run")
     assert proc.returncode == 2 and "no-such-run" in proc.stderr
+
+
+def test_resource_plan_per_run_and_sweep_total(tmp_path, capsys):
+    """python -m experiments.openrlhf.plan: per run the rows needed vs written, GPU-hours (allocation and estimate)
+    and checkpoint disk; a sweep total; exit 1 while some run lacks rows."""
+    from experiments.openrlhf import plan
+
+    site = tmp_path / "site.yaml"
+    site.write_text("default: {time_min: 60}\npresets:\n  qwen2.5-math-7b-dapo: {time_min: 600}\n")
+    preset = ROOT / "sweeps" / "presets" / "qwen2.5-math-7b-dapo.yaml"
+    data = tmp_path / "train.jsonl"
+    argv = [str(preset), f"task.train_data={data}", "--site", str(site)]
+    assert plan.main(argv) == 1  # no data file yet
+    (run, tot) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert run["rows_needed"] == 400 * 512 * 3 and run["rows_written"] is None and not run["rows_ok"]
+    assert run["gpus"] == 8 and run["time_limit_h"] == 10 and run["gpu_hours_limit"] == 80
+    assert run["jobs_estimate"] == -(-run["gpu_hours_estimate"] // 80) > 1  # 400 DAPO steps outlast one 10 h job
+    # 2 DeepSpeed checkpoints (16 B/param) + 8 evaluated HF checkpoints (2 B/param) of 7.62e9 parameters
+    assert run["disk_peak_gb"] == pytest.approx((2 * 16 + 8 * 2) * 7.62) and run["disk_kept_gb"] == 0
+    assert tot["total"]["runs"] == 1 and tot["total"]["runs_short_of_rows"] == [run["run_id"]]
+    data.write_text("{}\n" * run["rows_needed"])
+    assert plan.main(argv) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["rows_ok"]

@@ -9,9 +9,10 @@ Per run (:func:`plan_run`):
   (the filter must keep >= 1 / FILTER_HEADROOM of the prompts; a run whose filter keeps fewer runs out of prompts,
   stops early and is reported failed by the backend, never done). ``rows_written``: rows in ``task.train_data``
   (None when the file is not there yet); ``rows_ok``.
-* ``gpu_hours_limit``: nodes x GPUs x the site's time limit (slurm/cluster.yaml ``time_min``); ``gpu_hours_estimate``:
-  from the token budget (``train.steps`` x prompts x samples x tokens per sample) at the throughputs below. Both are
-  estimates for a decision, not a promise: measure one run's ``timing/step_total`` and scale.
+* ``gpu_hours_limit``: nodes x GPUs x the site's time limit (slurm/cluster.yaml ``time_min``), what one allocation
+  holds; ``gpu_hours_estimate``: from the token budget (``train.steps`` x prompts x samples x tokens per sample) at
+  the throughputs below; ``jobs_estimate``: allocations that takes (the job requeues and resumes). The estimate is
+  for a decision, not a promise: measure one run's ``timing/step_total`` (metrics.jsonl ``wall_s``) and scale.
 * ``disk_peak_gb``: what its checkpoints hold at most: ``--ckpt.max_num`` DeepSpeed checkpoints (bf16 weights, fp32
   master weights and two Adam moments: BYTES_DS per parameter) plus one bf16 HF folder per evaluated step
   (BYTES_HF per parameter); ``disk_kept_gb``: what stays after the run (HF folders when ``logging.keep_checkpoint``).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,8 +54,11 @@ ACTIVE_PARAMS = {"Qwen/Qwen3-30B-A3B-Base": 3.3e9, "Qwen/Qwen3-30B-A3B": 3.3e9}
 """MoE: parameters used per token (compute), where it differs from the total."""
 MEAN_RESPONSE_FRACTION = 0.5
 """[assumption] mean response length as a fraction of rollout.max_new_tokens (DAPO's grow to 0.4-0.7)."""
-DECODE_TOKENS_PER_GPU_S_7B = 2500.0
-"""[assumption] vLLM decode throughput of a 7B dense model per 80 GB GPU at long context, scaled by 7e9 / active."""
+EXPECTED_FILTER_PASS = 0.6
+"""[assumption] share of prompt groups dynamic filtering keeps, for the time estimate (rows use FILTER_HEADROOM)."""
+DECODE_TOKENS_PER_GPU_S_7B = 15000.0
+"""[assumption] vLLM decode throughput of a 7B dense model per 80 GB GPU with ~1000 sequences in flight, scaled by
+7e9 / active parameters."""
 TRAIN_MFU = 0.3
 """[assumption] model-FLOPs utilisation of the DeepSpeed update on 989 bf16 TFLOP/s GPUs."""
 GPU_FLOPS = 989e12
@@ -70,6 +75,8 @@ class RunPlan:
     time_limit_h: float | None
     gpu_hours_limit: float | None
     gpu_hours_estimate: float | None
+    jobs_estimate: int | None
+    """Allocations of ``time_limit_h`` the estimate needs (the job requeues itself and resumes)."""
     disk_peak_gb: float | None
     disk_kept_gb: float | None
 
@@ -107,10 +114,10 @@ def gpu_hours_estimate(cfg: RunConfig) -> float | None:
     if n is None:
         return None
     samples = cfg.train.steps * cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-    samples *= FILTER_HEADROOM if cfg.openrlhf.dynamic_filtering else 1  # generated, then some filtered out
+    generated = samples / (EXPECTED_FILTER_PASS if cfg.openrlhf.dynamic_filtering else 1)
     response = MEAN_RESPONSE_FRACTION * cfg.rollout.max_new_tokens
-    tokens = samples * (cfg.task.max_prompt_len / 2 + response)
-    decode_s = samples * response / (DECODE_TOKENS_PER_GPU_S_7B * 7e9 / n)
+    tokens = samples * (cfg.task.max_prompt_len / 2 + response)  # trained on
+    decode_s = generated * response / (DECODE_TOKENS_PER_GPU_S_7B * 7e9 / n)
     # update: forward for old log-probs (2N) + forward/backward with recomputation (8N) per epoch
     train_s = tokens * n * (2 + 8 * cfg.train.epochs) / (GPU_FLOPS * TRAIN_MFU)
     return (decode_s + train_s) / 3600
@@ -124,6 +131,8 @@ def plan_run(cfg: RunConfig, run_id: str = "", time_limit_h: float | None = None
     path = train_data_path(cfg)
     have = count_rows(path) if path.is_file() else None
     params = MODEL_PARAMS.get(cfg.model.name)
+    limit = gpus * time_limit_h if time_limit_h else None
+    estimate = gpu_hours_estimate(cfg)
     hf = len(eval_steps(cfg)) * params * BYTES_HF / 1e9 if params else None
     ds = CKPT_MAX_NUM * params * BYTES_DS / 1e9 if params else None
     return RunPlan(
@@ -134,8 +143,9 @@ def plan_run(cfg: RunConfig, run_id: str = "", time_limit_h: float | None = None
         rows_written=have,
         rows_ok=have is not None and have >= need,
         time_limit_h=time_limit_h,
-        gpu_hours_limit=gpus * time_limit_h if time_limit_h else None,
-        gpu_hours_estimate=gpu_hours_estimate(cfg),
+        gpu_hours_limit=limit,
+        gpu_hours_estimate=estimate,
+        jobs_estimate=math.ceil(estimate / limit) if estimate and limit else None,
         disk_peak_gb=None if params is None else ds + hf,
         disk_kept_gb=None if params is None else (hf if cfg.logging.keep_checkpoint else 0.0),
     )
