@@ -184,5 +184,7 @@ def _check_args(args, loss: nsr.LossConfig) -> None:
     for key, off in (("delta", None), ("off_policy_mask_threshold", None), ("top_entropy_quantile", 1.0)):
         if getattr(args, key) != off:
             refuse(key, getattr(args, key), repr(off))
+    if args.multi_objective_aggregation != "sum_then_normalize":  # the advantage is nsr's, of the weighted sum
+        refuse("multi_objective_aggregation", args.multi_objective_aggregation, "sum_then_normalize")
     if args.use_adaptive_entropy:
         refuse("use_adaptive_entropy", True, "False (a fixed entropy_coef)")
