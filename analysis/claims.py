@@ -1,11 +1,16 @@
-"""The paper's claims, checked on the CPU grid: supports / contradicts / inconclusive, with the numbers.
+"""The paper's claims, checked on the CPU grid: supports / contradicts / not reproduced at this scale /
+inconclusive, with the numbers.
 
     python -m analysis.claims [--runs results/runs]      # print the claims table (make_all also writes it)
+    python -m analysis.claims --claims analysis/posthoc.yaml   # the post-hoc readings, labelled as such
 
-The claims are data (analysis/claims.yaml): each is a list of paired comparisons ``a - b`` of one summary metric
-between two arms of one sweep, with the direction the paper predicts. The verdict of a comparison comes from a
-95% interval of the same-seed differences; the interval used is the wider of the percentile bootstrap (as in the
-tables) and the Student-t interval, because over 3-5 seeds the bootstrap alone is too narrow (analysis.stats).
+The claims are data (analysis/claims.yaml): each is a list of planned paired comparisons ``a - b`` of one summary
+metric between two arms of one sweep, with the direction the paper predicts and the smallest effect of interest
+(``sesoi``). Each comparison shows the same 95% Student-t interval of the same-seed differences as the tables and
+figures (analysis.stats.interval). Its verdict comes from the t-test p-values, Holm-corrected over the comparisons
+of its claim; a directional comparison that is not significant is "not reproduced at this scale" when the test had
+>= 80% power to see the smallest effect of interest (at the observed spread, level 0.05 / number of comparisons),
+and "inconclusive" when it did not.
 """
 
 from __future__ import annotations
@@ -17,38 +22,26 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
-from analysis.load import YAML_LOADER
-from analysis.stats import bootstrap_ci, paired_differences, t_interval
+from analysis.stats import ALPHA, POWER_TARGET, holm, interval, paired_differences, power, t_test
 from analysis.tables import counterparts, fmt, select_labels
+from experiments.config import ConfigError, load_yaml
 from nsr.registry import Registry
 
 CLAIMS_FILE = Path(__file__).with_name("claims.yaml")
+POSTHOC_FILE = Path(__file__).with_name("posthoc.yaml")
 SUPPORTS, CONTRADICTS, INCONCLUSIVE, NO_DATA = "supports", "contradicts", "inconclusive", "no data"
+NOT_REPRODUCED = "not reproduced at this scale"
 
-# expect -> rule(lo, hi, margin) -> verdict; lo, hi bound the 95% interval of a - b.
+# expect -> (null value of a - b given the margin, sign of a - b the paper predicts). The test is of mean = null;
+# a significant mean on the predicted side supports, on the other side contradicts.
 EXPECT: Registry = Registry("expect")
-
-
-@EXPECT.register("greater")
-def _greater(lo, hi, margin):
-    return SUPPORTS if lo > 0 else CONTRADICTS if hi < 0 else INCONCLUSIVE
-
-
-@EXPECT.register("less")
-def _less(lo, hi, margin):
-    return SUPPORTS if hi < 0 else CONTRADICTS if lo > 0 else INCONCLUSIVE
-
-
-@EXPECT.register("not_less")
-def _not_less(lo, hi, margin):
-    return SUPPORTS if lo > -margin else CONTRADICTS if hi < -margin else INCONCLUSIVE
-
-
-@EXPECT.register("not_greater")
-def _not_greater(lo, hi, margin):
-    return SUPPORTS if hi < margin else CONTRADICTS if lo > margin else INCONCLUSIVE
+EXPECT.register("greater")(lambda margin: (0.0, 1))
+EXPECT.register("less")(lambda margin: (0.0, -1))
+EXPECT.register("not_less")(lambda margin: (-margin, 1))
+EXPECT.register("not_greater")(lambda margin: (margin, -1))
+DIRECTIONAL = ("greater", "less")
+"""Comparisons that predict an effect (they need a sesoi); the others predict no harm beyond a margin."""
 
 
 SYMBOL = {"greater": "> 0", "less": "< 0", "not_less": "> -{m}", "not_greater": "< {m}"}
@@ -74,6 +67,8 @@ class Comparison:
     metric: str
     expect: str
     margin: float = 0.0
+    sesoi: float = math.nan
+    """Smallest effect of interest (metric units) for greater / less: what "not reproduced" has the power to see."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +94,12 @@ def _side(value, where: str) -> Side:
 def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
     """(claims, min_pairs) from a claims file; ValueError naming the file and key on any bad entry."""
     path = Path(path)
-    data = yaml.load(path.read_text(), Loader=YAML_LOADER) or {}
+    try:
+        data = load_yaml(path) or {}
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a mapping with keys min_pairs, claims")
     unknown = set(data) - {"min_pairs", "claims"}
     if unknown:
         raise ValueError(f"{path}: unknown key {sorted(unknown)[0]!r}; allowed: min_pairs, claims")
@@ -119,18 +119,27 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
         for j, t in enumerate(c["tests"] or []):
             tw = f"{where}.tests[{j}]"
             if not isinstance(t, dict) or {"a", "b", "metric", "expect"} - set(t):
-                raise ValueError(f"{tw}: needs a, b, metric, expect (margin optional), got {t!r}")
-            extra = set(t) - {"a", "b", "metric", "expect", "margin"}
+                raise ValueError(f"{tw}: needs a, b, metric, expect (margin, sesoi optional), got {t!r}")
+            extra = set(t) - {"a", "b", "metric", "expect", "margin", "sesoi"}
             if extra:
-                raise ValueError(f"{tw}: unknown key {sorted(extra)[0]!r}; allowed: a, b, metric, expect, margin")
+                raise ValueError(
+                    f"{tw}: unknown key {sorted(extra)[0]!r}; allowed: a, b, metric, expect, margin, sesoi"
+                )
             if t["expect"] not in set(EXPECT):
                 raise ValueError(f"{tw}.expect={t['expect']!r} is not valid; allowed: {', '.join(EXPECT)}")
             margin = t.get("margin", 0.0)
             if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
                 raise ValueError(f"{tw}.margin={margin!r} is not valid; allowed: a number >= 0")
+            sesoi = t.get("sesoi")
+            if t["expect"] in DIRECTIONAL and (
+                isinstance(sesoi, bool) or not isinstance(sesoi, (int, float)) or not sesoi > 0
+            ):
+                raise ValueError(f"{tw}.sesoi={sesoi!r} is not valid; allowed: a number > 0 (the smallest effect of "
+                                 f"interest, needed by expect: {t['expect']})")  # fmt: skip
             tests.append(
                 Comparison(
-                    _side(t["a"], f"{tw}.a"), _side(t["b"], f"{tw}.b"), str(t["metric"]), t["expect"], float(margin)
+                    _side(t["a"], f"{tw}.a"), _side(t["b"], f"{tw}.b"), str(t["metric"]), t["expect"], float(margin),
+                    float(sesoi) if sesoi is not None else math.nan,
                 )
             )
         if not tests:
@@ -140,34 +149,33 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
 
 
 # ------------------------------------------------------------------------------------------- evaluation
-def interval(diffs: np.ndarray, seed: int = 0) -> tuple[float, float, float, int]:
-    """(mean, lo, hi, n): the wider of the 95% percentile-bootstrap and Student-t intervals of the mean."""
-    mean, blo, bhi, n = bootstrap_ci(diffs, seed=seed)
-    _, tlo, thi, _ = t_interval(diffs)
-    if n < 2:
-        return mean, math.nan, math.nan, n
-    return mean, min(blo, tlo), max(bhi, thi), n
-
-
-def verdict(test: Comparison, lo: float, hi: float, n: int, min_pairs: int) -> str:
-    """One comparison's verdict (see analysis/claims.yaml for the rule)."""
+def verdict(test: Comparison, mean: float, p_holm: float, pw: float, n: int, min_pairs: int) -> str:
+    """One comparison's verdict from its mean difference, Holm-adjusted p-value and power at the sesoi."""
     if n == 0:
         return NO_DATA
-    if n < min_pairs or not (np.isfinite(lo) and np.isfinite(hi)):
+    if n < min_pairs or not np.isfinite(p_holm):
         return INCONCLUSIVE
-    return EXPECT[test.expect](lo, hi, test.margin)
+    null, sign = EXPECT[test.expect](test.margin)
+    if p_holm < ALPHA:
+        return SUPPORTS if sign * (mean - null) > 0 else CONTRADICTS
+    if test.expect in DIRECTIONAL and np.isfinite(pw) and pw >= POWER_TARGET:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
 
 
 def combine(verdicts: list[str]) -> str:
-    """Supported if every comparison supports; contradicted if some contradict and none support; else
-    inconclusive; no data when no comparison has data."""
+    """A claim's verdict: supports if every comparison supports; contradicts if some contradict and none support;
+    not reproduced at this scale if some powered comparison saw nothing and none contradicts (the claim needs all
+    its parts); else inconclusive; no data when no comparison has data."""
     have = [v for v in verdicts if v != NO_DATA]
     if not have:
         return NO_DATA
     if all(v == SUPPORTS for v in have):
         return SUPPORTS
-    if CONTRADICTS in have and SUPPORTS not in have:
-        return CONTRADICTS
+    if CONTRADICTS in have:
+        return CONTRADICTS if SUPPORTS not in have else INCONCLUSIVE
+    if NOT_REPRODUCED in have:
+        return NOT_REPRODUCED
     return INCONCLUSIVE
 
 
@@ -191,18 +199,33 @@ def comparisons(s: pd.DataFrame, test: Comparison) -> list[dict]:
                     "hi": math.nan,
                     "n": 0,
                     "note": why,
+                    "p": math.nan,
+                    "sd": math.nan,
                 }
             )
             continue
         ga, gb = s[s["label"] == la], s[s["label"] == cps[0]]
         diffs, _ = paired_differences(dict(zip(ga["seed"], ga[test.metric])), dict(zip(gb["seed"], gb[test.metric])))
         mean, lo, hi, n = interval(diffs)
-        out.append({"a": la, "b": cps[0], "mean": mean, "lo": lo, "hi": hi, "n": n, "note": ""})
+        null, _ = EXPECT[test.expect](test.margin)
+        sd = float(np.std(diffs, ddof=1)) if n >= 2 else math.nan
+        out.append({"a": la, "b": cps[0], "mean": mean, "lo": lo, "hi": hi, "n": n, "note": "",
+                    "p": t_test(diffs, null), "sd": sd})  # fmt: skip
     return out
 
 
+def _power_at_sesoi(test: Comparison, sd: float, n: int, m: int) -> float:
+    """Power to see the sesoi (directional tests) or to show the margin with no true difference (the others), at
+    level ALPHA / m (Holm's first step: the strictest level a comparison of the claim can face)."""
+    if sd == 0 and n >= 2:
+        return 1.0  # every seed gave the same difference (e.g. no spike in any run of either arm): taken as powered
+    effect = test.sesoi if test.expect in DIRECTIONAL else test.margin
+    return power(effect, sd, n, ALPHA / max(m, 1)) if effect > 0 else math.nan
+
+
 def evaluate(summary: pd.DataFrame, claims: list[Claim], min_pairs: int = 3) -> list[dict]:
-    """Per claim: {claim, verdict, rows: [{test, a, b, mean, lo, hi, n, verdict}]}."""
+    """Per claim: {claim, verdict, power, rows: [{test, a, b, mean, lo, hi, n, p, p_holm, power, verdict}]}; Holm
+    over every comparison of the claim that has data."""
     results = []
     for c in claims:
         s = summary[summary["sweep"] == c.sweep]
@@ -210,22 +233,18 @@ def evaluate(summary: pd.DataFrame, claims: list[Claim], min_pairs: int = 3) -> 
         for t in c.tests:
             comps = comparisons(s, t) if len(s) else []
             if not comps:
-                rows.append(
-                    {
-                        "test": t,
-                        "a": str(t.a),
-                        "b": str(t.b),
-                        "mean": math.nan,
-                        "lo": math.nan,
-                        "hi": math.nan,
-                        "n": 0,
-                        "verdict": NO_DATA,
-                        "note": "no runs",
-                    }
-                )
-            for r in comps:
-                rows.append({"test": t, **r, "verdict": verdict(t, r["lo"], r["hi"], r["n"], min_pairs)})
-        results.append({"claim": c, "verdict": combine([r["verdict"] for r in rows]), "rows": rows})
+                comps = [{"a": str(t.a), "b": str(t.b), "mean": math.nan, "lo": math.nan, "hi": math.nan, "n": 0,
+                          "note": "no runs", "p": math.nan, "sd": math.nan}]  # fmt: skip
+            rows += [{"test": t, **r} for r in comps]
+        m = sum(1 for r in rows if r["n"] >= min_pairs and np.isfinite(r["p"]))
+        adjusted = holm([r["p"] if r["n"] >= min_pairs else math.nan for r in rows])
+        for r, ph in zip(rows, adjusted):
+            r["p_holm"] = float(ph)
+            r["power"] = _power_at_sesoi(r["test"], r["sd"], r["n"], m) if r["n"] else math.nan
+            r["verdict"] = verdict(r["test"], r["mean"], r["p_holm"], r["power"], r["n"], min_pairs)
+        powers = [r["power"] for r in rows if np.isfinite(r["power"])]
+        results.append({"claim": c, "verdict": combine([r["verdict"] for r in rows]), "rows": rows,
+                        "power": min(powers) if powers else math.nan})  # fmt: skip
     return results
 
 
@@ -233,31 +252,56 @@ def _signed(x: float) -> str:
     return "–" if not np.isfinite(x) else ("+" if x > 0 else "") + fmt(x)
 
 
-def render(results: list[dict], runs_hint: str = "--preset tiny") -> str:
+def _p(x: float) -> str:
+    return "–" if not np.isfinite(x) else ("<0.001" if x < 0.001 else f"{x:.3f}")
+
+
+def _pct(x: float) -> str:
+    return "–" if not np.isfinite(x) else f"{100 * x:.0f}%"
+
+
+def expectation(t: Comparison) -> str:
+    """``late_pass@1: nsr − hard > 0 (sesoi 0.02)``."""
+    rule = SYMBOL[t.expect].format(m=fmt(t.margin))
+    extra = f" (sesoi {fmt(t.sesoi)})" if t.expect in DIRECTIONAL else ""
+    return f"{rule}{extra}"
+
+
+def render(results: list[dict], runs_hint: str = "--preset tiny", posthoc: bool = False) -> str:
     """The claims table (markdown): one row per claim, one line per comparison inside it."""
     header = (
-        "| claim (paper) | comparison: expected | CPU grid: a − b [95% CI] (seeds) | verdict |\n|---|---|---|---|\n"
+        "| claim (paper) | comparison: expected | a − b [95% t-CI] (seeds) | Holm p | power at sesoi | verdict |\n"
+        "|---|---|---|---|---|---|\n"
     )
     lines = []
     for res in results:
         c = res["claim"]
-        tests, nums = [], []
+        tests, nums, ps, pws = [], [], [], []
         for r in res["rows"]:
             t = r["test"]
-            tests.append(f"{t.metric}: {r['a']} − {r['b']} {SYMBOL[t.expect].format(m=fmt(t.margin))}")
+            tests.append(f"{t.metric}: {r['a']} − {r['b']} {expectation(t)}")
             if r["n"] == 0:
                 nums.append(f"{r['verdict']}" + (f" ({r['note']})" if r.get("note") else ""))
             else:
                 ci = f"[{_signed(r['lo'])}, {_signed(r['hi'])}]" if np.isfinite(r["lo"]) else "[–]"
                 nums.append(f"{_signed(r['mean'])} {ci} ({r['n']}): {r['verdict']}")
+            ps.append(_p(r.get("p_holm", math.nan)))
+            pws.append(_pct(r.get("power", math.nan)))
         claim = f"**{c.claim}** ({c.source}; sweep `{c.sweep}`)"
-        lines.append(f"| {claim} | {'<br>'.join(tests)} | {'<br>'.join(nums)} | **{res['verdict']}** |")
+        lines.append(
+            f"| {claim} | {'<br>'.join(tests)} | {'<br>'.join(nums)} | {'<br>'.join(ps)} | {'<br>'.join(pws)} "
+            f"| **{res['verdict']}** |"
+        )
     sweeps = sorted({res["claim"].sweep for res in results})
+    label = "Post-hoc readings (chosen after seeing the grid; not planned tests). " if posthoc else ""
     regen = (
-        "Regenerate: run the sweeps on the CPU testbed (`python -m slurm.submit SWEEP "
+        f"{label}Regenerate: run the sweeps on the CPU testbed (`python -m slurm.submit SWEEP "
         f"{runs_hint}` for SWEEP in {', '.join(f'`{s}`' for s in sweeps)}), then `python -m analysis.make_all`. "
-        "Rule: analysis/claims.yaml (a comparison is decided by the 95% interval of same-seed differences, the wider "
-        "of bootstrap and Student-t; fewer than min_pairs seeds is inconclusive).\n"
+        "Rule (analysis/claims.py): 95% Student-t interval of the same-seed differences (the interval of every table "
+        "and figure); t-test p-values Holm-corrected within a claim; a directional comparison that is not "
+        "significant is *not reproduced at this scale* when its power to see the smallest effect of interest "
+        "(sesoi, fixed per comparison in the claims file; observed spread, level 0.05 / comparisons) is >= 80%, "
+        "else *inconclusive*; fewer than min_pairs seeds is inconclusive.\n"
     )
     return header + "\n".join(lines) + "\n\n" + regen
 
@@ -271,7 +315,8 @@ def main(argv=None) -> int:
     p.add_argument("--claims", default=str(CLAIMS_FILE), help="claims file")
     a = p.parse_args(argv)
     claims, min_pairs = load_claims(a.claims)
-    print(render(evaluate(summarize(load_runs(a.runs)), claims, min_pairs)))
+    posthoc = Path(a.claims).resolve() == POSTHOC_FILE.resolve()
+    print(render(evaluate(summarize(load_runs(a.runs)), claims, min_pairs), posthoc=posthoc))
     return 0
 
 

@@ -1,14 +1,19 @@
 """Figures (matplotlib, Agg backend, deterministic bytes for the same inputs). ``make_all`` is the only caller
 that writes results/figures; each function takes loaded data and a path and returns the files it wrote.
 
-* :func:`dynamics`  per sweep: reward, entropy, clipped / rescued fraction, response length and eval pass@1 vs step;
-  one line per label (mean over seeds) with a 95% bootstrap band across seeds.
-* :func:`delta_sweep`  final metric vs delta for the delta-using arms, with the baseline and any single-point arm
-  (the widened region) as reference lines; the widened region is placed at x = its extra width over the baseline.
+* :func:`dynamics`  per sweep: each arm minus its baseline counterpart (same seed) vs step, for the training
+  reward, log entropy, clipped fraction per side, rescued fraction and eval pass@1; mean over the seed pairs with
+  a 95% t-band (analysis.stats.interval, the interval of the tables and claims). Constant panels are dropped.
+* :func:`delta_sweep`  one column per parameter (NSR's delta, the widened region's extra width), one row per metric.
+* :func:`forest`  every planned comparison of the claims with its interval, coloured by verdict.
+* :func:`pass_at_k_figure`  pass@k against k per arm and sweep.
+* :func:`clip_depth`  clipped tokens by depth into NSR's rescue zone, per side and delta (NSR's dose).
 * :func:`theory`  the expected gradient weight w(r) of NSR (nsr.expected_weight) for both executors and several
   delta, the hard-clip step, and Monte-Carlo points measured from nsr.policy_loss's own gradients.
-* :func:`judge_executor`  entropy, reward and eval pass@1 vs step, noisy decision dashed, clean decision solid,
-  one colour per ratio-noise sigma.
+* :func:`judge_executor`  log entropy, reward and eval pass@1 vs step, noisy decision dashed, clean decision
+  solid, one colour per ratio-noise sigma.
+
+Every figure says how many distinct seeds it shows (``n=`` per line, and in the title).
 
 Training curves are averaged within at most ``MAX_POINTS`` equal step bins per run before the mean and band across
 seeds are taken, which both smooths single-rollout noise and keeps the figures fast for 1,000-step runs.
@@ -16,6 +21,7 @@ seeds are taken, which both smooths single-rollout noise and keeps the figures f
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -27,19 +33,20 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 import nsr  # noqa: E402
-from analysis.stats import bootstrap_band, bootstrap_ci  # noqa: E402
-from analysis.tables import baseline_arm, label_order, resolve_k  # noqa: E402
+from analysis.stats import interval  # noqa: E402
+from analysis.tables import baseline_arm, counterparts, label_order  # noqa: E402
 
-MAX_POINTS = 200
+MAX_POINTS = 40
 DPI = 110
 PANELS = (
-    ("reward_mean", "training reward"),
-    ("entropy", "entropy (nats / token)"),
-    ("clip_frac", "clipped fraction"),
-    ("rescue_frac", "rescued fraction"),
-    ("response_len", "response length (tokens)"),
-    ("pass@1", "eval pass@1 (sampled)"),
+    ("reward_mean", "training reward", False),
+    ("entropy", "log entropy (nats / token)", True),
+    ("clip_frac_low", "clipped, low side (A < 0)", False),
+    ("clip_frac_high", "clipped, high side (A > 0)", False),
+    ("rescue_frac", "rescued fraction", False),
+    ("pass@1", "eval pass@1 (sampled)", False),
 )
+"""(metric, y label, log scale): the panels of the dynamics figures; a panel constant in every run is dropped."""
 DELTA_RULES = ("nsr", "soft", "pushout", "nsr_pushout")
 """Rules whose behaviour depends on loss.delta (x = delta in the delta figure)."""
 
@@ -113,59 +120,123 @@ def eval_matrix(curves: pd.DataFrame, runs: list[str], metric: str):
 
 
 def _band(ax, x, Y, colour, label, linestyle="-"):
+    """Mean over seeds (rows of Y) and its 95% t-band (analysis.stats.interval, the rule of tables and claims)."""
     if Y.size == 0 or not np.isfinite(Y).any():
         return
-    mean, lo, hi = bootstrap_band(Y)
+    mean, lo, hi, _ = interval(Y, axis=0)
     ax.plot(x, mean, color=colour, lw=1.4, ls=linestyle, label=label)
     if Y.shape[0] > 1:
         ax.fill_between(x, lo, hi, color=colour, alpha=0.18, lw=0)
 
 
-def _curves_figure(rs, summary, curves, sweep, panels, style, title) -> plt.Figure | None:
+def _log(Y: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.log(np.where(Y > 0, Y, np.nan))
+
+
+def _seeds(s: pd.DataFrame) -> int:
+    return int(s["seed"].nunique()) if len(s) else 0
+
+
+def _varies(Ys: list[np.ndarray]) -> bool:
+    """False when every value of every curve is the same (a constant panel says nothing)."""
+    vals = np.concatenate([Y[np.isfinite(Y)] for Y in Ys if Y.size]) if Ys else np.array([])
+    return len(vals) > 0 and float(vals.max() - vals.min()) > 1e-12
+
+
+def _matrix(by_run, mine, runs, metric, edges, log=False):
+    """(x, Y): binned training metric (metrics.jsonl) or eval metric (at eval steps) per run; log on request."""
+    if edges is not None and any(metric in g.columns for g in by_run.values()):
+        x, Y = binned(by_run, runs, metric, edges)
+    else:
+        x, Y = eval_matrix(mine, runs, metric)
+    return x, (_log(Y) if log else Y)
+
+
+def _paired(Ya: np.ndarray, Yb: np.ndarray, seeds_a: list, seeds_b: list) -> np.ndarray:
+    """Rows of Ya - Yb for the seeds both have (same-seed pairs), on a shared x grid."""
+    common = sorted(set(seeds_a) & set(seeds_b))
+    ia = [seeds_a.index(k) for k in common]
+    ib = [seeds_b.index(k) for k in common]
+    if not common or Ya.shape[1] != Yb.shape[1]:
+        return np.empty((0, Ya.shape[1] if Ya.ndim == 2 else 0))
+    return Ya[ia] - Yb[ib]
+
+
+def _curves_figure(rs, summary, curves, sweep, panels, style, title, paired: bool) -> plt.Figure | None:
+    """One panel per (metric, y label, log) in ``panels``; each label's mean over seeds with its t-band. With
+    ``paired``, each non-baseline label's same-seed difference to its baseline counterpart instead."""
     s = summary[summary["sweep"] == sweep]
     if not len(s):
         return None
     labels = label_order(s)
+    base = baseline_arm(s)
     runs_of = {lab: list(s.loc[s["label"] == lab, "run"]) for lab in labels}
+    seeds_of = {lab: list(s.loc[s["label"] == lab, "seed"]) for lab in labels}
     steps = rs.steps[rs.steps["run"].isin(s["run"])] if len(rs.steps) else rs.steps
     mine = curves[curves["run"].isin(s["run"])] if len(curves) else curves
-    panels = [
-        (m, t)
-        for m, t in panels
-        if (m in steps.columns and steps[m].notna().any()) or (m in mine.columns and mine[m].notna().any())
-    ]
-    if not panels:
-        return None
     by_run = dict(tuple(steps.groupby("run", sort=False))) if len(steps) else {}
     edges = step_bins(steps) if len(steps) else None
-    ncol = min(3, len(panels))
-    nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow), squeeze=False)
-    for ax, (metric, ylabel) in zip(axes.flat, panels):
+    pairs = []
+    if paired and base is not None:
         for lab in labels:
+            if s.loc[s["label"] == lab, "arm"].iloc[0] == base:
+                continue
+            cps = counterparts(s, lab, base)
+            if len(cps) == 1:
+                pairs.append((lab, cps[0]))
+    if paired and not pairs:
+        return None
+    drawn = []
+    for metric, ylabel, log in panels:
+        data = []
+        for lab in [a for a, _ in pairs] if paired else labels:
+            x, Y = _matrix(by_run, mine, runs_of[lab], metric, edges, log)
+            if paired:
+                b = dict(pairs)[lab]
+                xb, Yb = _matrix(by_run, mine, runs_of[b], metric, edges, log)
+                if len(xb) != len(x) or not np.allclose(xb, x):
+                    continue
+                Y = _paired(Y, Yb, seeds_of[lab], seeds_of[b])
+            data.append((lab, x, Y))
+        if data and _varies([Y for _, _, Y in data]):
+            drawn.append((metric, ylabel, data))
+    if not drawn:
+        return None
+    ncol = min(3, len(drawn))
+    nrow = -(-len(drawn) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow), squeeze=False)
+    for ax, (metric, ylabel, data) in zip(axes.flat, drawn):
+        for lab, x, Y in data:
             colour, ls = style(lab)
-            if metric in steps.columns:
-                x, Y = binned(by_run, runs_of[lab], metric, edges)
-            else:
-                x, Y = eval_matrix(mine, runs_of[lab], metric)
-            n = len(runs_of[lab])
+            n = int((np.isfinite(Y).any(1)).sum()) if Y.size else 0
             _band(ax, x, Y, colour, f"{lab} (n={n})", ls)
+        if paired:
+            ax.axhline(0, color="black", lw=0.8)
         ax.set_xlabel("RL step")
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(("Δ " if paired else "") + ylabel)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
+    for ax in list(axes.flat)[len(drawn) :]:
         ax.axis("off")
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(title + f"; {_seeds(s)} distinct seeds", fontsize=10)
     legend_below(fig, axes.flat[0])
     return fig
 
 
 def dynamics_figure(rs, summary, curves, sweep: str) -> plt.Figure | None:
-    """The training-dynamics figure of one sweep (None without runs); ``curves`` = summary.eval_curves(...)."""
+    """Per sweep: each arm minus its baseline counterpart (same seed), mean and 95% t-band over the seed pairs, for
+    the training reward, log entropy, clipped fraction per side, rescued fraction and eval pass@1. Without a
+    baseline arm, the arms' own curves. Constant panels are dropped."""
     s = summary[summary["sweep"] == sweep]
     cols = colours(label_order(s))
-    title = f"{sweep}: mean over seeds, band = 95% bootstrap CI"
-    return _curves_figure(rs, summary, curves, sweep, PANELS, lambda lab: (cols[lab], "-"), title)
+    base = baseline_arm(s)
+    paired = base is not None and (s["arm"] != base).any()
+    what = f"minus baseline '{base}' (same seed)" if paired else "mean over seeds"
+    title = f"{sweep}: {what}, band = 95% t-interval"
+    fig = _curves_figure(rs, summary, curves, sweep, PANELS, lambda lab: (cols[lab], "-"), title, paired)
+    if fig is None and paired:
+        fig = _curves_figure(rs, summary, curves, sweep, PANELS, lambda lab: (cols[lab], "-"), title, False)
+    return fig
 
 
 def dynamics(rs, summary, curves, sweep: str, path: Path, formats=("png",)) -> list[Path]:
@@ -175,7 +246,7 @@ def dynamics(rs, summary, curves, sweep: str, path: Path, formats=("png",)) -> l
 
 
 def judge_executor(rs, summary, curves, path: Path, sweep: str = "judge_executor", formats=("png",)) -> list[Path]:
-    """Noisy vs clean decision: entropy, reward and pass@1 vs step (dashed = noisy judge, solid = clean judge)."""
+    """Noisy vs clean decision: log entropy, reward and pass@1 vs step (dashed = noisy judge, solid = clean judge)."""
     s = summary[summary["sweep"] == sweep]
     if not len(s):
         return []
@@ -200,7 +271,9 @@ def judge_executor(rs, summary, curves, path: Path, sweep: str = "judge_executor
         sweep,
         panels,
         style,
-        "judge / executor: noisy decision (dashed) vs clean decision (solid), colour = ratio-noise sigma",
+        "judge / executor: noisy decision (dashed) vs clean decision (solid), colour = ratio-noise sigma; "
+        "mean, band = 95% t-interval",
+        paired=False,
     )
     return save(fig, path, formats) if fig is not None else []
 
@@ -209,54 +282,184 @@ def judge_executor(rs, summary, curves, path: Path, sweep: str = "judge_executor
 def delta_x(s: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
     """x position of each run in the delta figure: loss.delta for delta-using rules; for a hard-clip run whose
     region is wider than the baseline arm's, the extra width eps_high - eps_high(baseline); else NaN."""
-    cfg = runs.set_index("run").loc[s["run"], ["loss.rule", "loss.delta", "loss.eps_high"]].set_index(s.index)
+    cfg = runs.drop_duplicates("run").set_index("run").reindex(s["run"])[["loss.rule", "loss.delta", "loss.eps_high"]]
+    cfg = cfg.set_index(s.index)
     base = baseline_arm(s)
     base_eps = cfg.loc[s["arm"] == base, "loss.eps_high"]
     b = float(base_eps.iloc[0]) if len(base_eps) else np.nan
-    widened = (cfg["loss.rule"] == "hard") & (cfg["loss.eps_high"].astype(float) > b + 1e-12)
+    widened = (cfg["loss.rule"] == "hard") & (pd.to_numeric(cfg["loss.eps_high"], errors="coerce") > b + 1e-12)
     x = pd.Series(np.nan, index=s.index)
-    x[cfg["loss.rule"].isin(DELTA_RULES)] = cfg["loss.delta"].astype(float)
-    x[widened] = cfg.loc[widened, "loss.eps_high"].astype(float) - b
+    uses = cfg["loss.rule"].isin(DELTA_RULES)
+    x[uses] = pd.to_numeric(cfg.loc[uses, "loss.delta"], errors="coerce")
+    x[widened] = pd.to_numeric(cfg.loc[widened, "loss.eps_high"], errors="coerce") - b
     return x
 
 
 def delta_sweep(rs, summary, path: Path, sweep: str = "delta", formats=("png",)) -> list[Path]:
-    """Final metrics vs delta (mean and 95% bootstrap CI over seeds)."""
+    """One column per parameter (NSR's delta; the widened region's extra width), one row per metric: mean and 95%
+    t-interval over seeds, with the baseline as a reference band in every panel."""
     s = summary[summary["sweep"] == sweep].copy()
     if not len(s):
         return []
     s["x"] = delta_x(s, rs.runs)
-    # one series per delta-using rule (arms that differ only by delta join it), one per other arm
-    rule = rs.runs.set_index("run").loc[s["run"], "loss.rule"].to_numpy()
+    rule = rs.runs.drop_duplicates("run").set_index("run").reindex(s["run"])["loss.rule"].to_numpy()
     s["series"] = np.where(np.isin(rule, DELTA_RULES), rule, s["arm"].to_numpy())
-    metrics = [
-        m for m in ("pass@1", resolve_k(s), "final_reward", "final_entropy") if m and m in s and s[m].notna().any()
-    ]
     base = baseline_arm(s)
-    names = sorted(s["series"].unique(), key=lambda a: (a != base, a))
-    cols = colours(names)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.3), squeeze=False)
-    for ax, m in zip(axes.flat, metrics):
-        for arm in names:
+    params = [a for a in dict.fromkeys(s["series"]) if a != base and s.loc[s["series"] == a, "x"].nunique() >= 2]
+    metrics = [m for m in ("late_pass@1", "pass@1", "reward_auc", "final_entropy") if m in s and s[m].notna().any()]
+    if not params or not metrics:
+        return []
+    cols = colours([base or "", *params])
+    fig, axes = plt.subplots(len(metrics), len(params), figsize=(4.0 * len(params), 2.6 * len(metrics)),
+                             squeeze=False, sharey="row")  # fmt: skip
+    for i, m in enumerate(metrics):
+        bmean, blo, bhi, _ = interval(s.loc[s["arm"] == base, m].to_numpy(dtype=float)) if base else (np.nan,) * 4
+        for j, arm in enumerate(params):
+            ax = axes[i, j]
             g = s[s["series"] == arm]
             xs = sorted(g["x"].dropna().unique())
-            if len(xs) >= 2:  # a series over delta
-                pts = [bootstrap_ci(g.loc[g["x"] == x, m].to_numpy(dtype=float)) for x in xs]
-                mean = np.array([p[0] for p in pts])
-                err = np.array([[p[0] - p[1], p[2] - p[0]] for p in pts]).T
-                ax.errorbar(xs, mean, yerr=np.nan_to_num(err), color=cols[arm], marker="o", ms=4, capsize=3, label=arm)
-            else:  # a reference: the baseline, or a single widened region
-                mean, lo, hi, n = bootstrap_ci(g[m].to_numpy(dtype=float))
-                ax.axhline(mean, color=cols[arm], ls="--", lw=1.2, label=f"{arm} (reference)")
-                if np.isfinite(lo):
-                    ax.axhspan(lo, hi, color=cols[arm], alpha=0.12, lw=0)
-                if xs:
-                    ax.plot(xs, [mean], marker="s", color=cols[arm], ls="none")
-        ax.set_xlabel("delta (widened region: extra eps)")
-        ax.set_ylabel(m)
+            pts = [interval(g.loc[g["x"] == x, m].to_numpy(dtype=float)) for x in xs]
+            mean = np.array([p[0] for p in pts])
+            err = np.array([[p[0] - p[1], p[2] - p[0]] for p in pts]).T
+            n = int(g["seed"].nunique())
+            ax.errorbar(xs, mean, yerr=np.nan_to_num(err), color=cols[arm], marker="o", ms=4, capsize=3,
+                        label=f"{arm} (n={n} seeds per point)")  # fmt: skip
+            if np.isfinite(bmean):
+                ax.axhline(bmean, color="black", ls="--", lw=1.0, label=f"{base} (reference)")
+                if np.isfinite(blo):
+                    ax.axhspan(blo, bhi, color="black", alpha=0.08, lw=0)
+            ax.set_xlabel("loss.delta" if arm in DELTA_RULES else f"{arm}: extra eps over {base}")
+            if j == 0:
+                ax.set_ylabel(m)
+            if i == 0:
+                ax.set_title(arm, fontsize=10)
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"{sweep}: mean and 95% t-interval per point; {_seeds(s)} distinct seeds", fontsize=10)
+    handles = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return save(fig, path, formats)
+
+
+# ------------------------------------------------------------------------------------------- forest plot
+VERDICT_COLOURS = {
+    "supports": "tab:green",
+    "contradicts": "tab:red",
+    "not reproduced at this scale": "tab:purple",
+    "inconclusive": "tab:gray",
+    "no data": "lightgray",
+}
+
+
+def forest(results: list[dict], path: Path, formats=("png",), title: str = "planned comparisons") -> list[Path]:
+    """Every comparison of the claims: a - b with its 95% t-interval, coloured by verdict, one panel per metric;
+    the dotted line is the smallest effect of interest (or the margin) on the predicted side."""
+    rows = [(res["claim"].id, r) for res in results for r in res["rows"] if r["n"] > 0]
+    if not rows:
+        return []
+    metrics = list(dict.fromkeys(r["test"].metric for _, r in rows))
+    per = {m: [(cid, r) for cid, r in rows if r["test"].metric == m] for m in metrics}
+    heights = [max(1, len(v)) for v in per.values()]
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(7, 0.3 * sum(heights) + 1.1 * len(metrics) + 0.6),
+                             squeeze=False, gridspec_kw={"height_ratios": heights})  # fmt: skip
+    for ax, m in zip(axes[:, 0], metrics):
+        items = per[m]
+        ys = np.arange(len(items))[::-1]
+        for y, (cid, r) in zip(ys, items):
+            c = VERDICT_COLOURS.get(r["verdict"], "black")
+            if np.isfinite(r["lo"]):
+                ax.plot([r["lo"], r["hi"]], [y, y], color=c, lw=2)
+            ax.plot([r["mean"]], [y], "o", color=c, ms=5)
+            t = r["test"]
+            ref = t.sesoi if t.expect == "greater" else -t.sesoi if t.expect == "less" else None
+            ref = -t.margin if t.expect == "not_less" else t.margin if t.expect == "not_greater" else ref
+            if ref is not None and np.isfinite(ref):
+                ax.plot([ref, ref], [y - 0.4, y + 0.4], color=c, ls=":", lw=1)
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(ys, [f"{cid}: {r['a']} − {r['b']} (n={r['n']})" for cid, r in items], fontsize=7)
+        ax.set_xlabel(f"Δ {m} (a − b), 95% t-interval", fontsize=8)
+        ax.grid(alpha=0.3, axis="x")
+    handles = [plt.Line2D([], [], color=c, lw=2, label=v) for v, c in VERDICT_COLOURS.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.suptitle(f"{title}: verdict per comparison (Holm within a claim); dotted = smallest effect of interest",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return save(fig, path, formats, tight=True)
+
+
+# ------------------------------------------------------------------------------------------- pass@k vs k
+def pass_at_k_figure(summary: pd.DataFrame, path: Path, formats=("png",)) -> list[Path]:
+    """Final-checkpoint pass@k against k, one panel per sweep, one line per label (mean and 95% t-interval)."""
+    ks = sorted(int(c.split("@")[1]) for c in summary.columns if re.fullmatch(r"pass@\d+", c))
+    sweeps = [sw for sw in sorted(summary["sweep"].unique()) if summary.loc[summary["sweep"] == sw, "pass@1"].notna().any()]
+    if len(ks) < 2 or not sweeps:
+        return []
+    ncol = min(3, len(sweeps))
+    nrow = -(-len(sweeps) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.4 * ncol, 3.2 * nrow), squeeze=False)
+    for ax, sw in zip(axes.flat, sweeps):
+        s = summary[summary["sweep"] == sw]
+        labels = label_order(s)
+        cols = colours(labels)
+        for lab in labels:
+            g = s[s["label"] == lab]
+            have = [k for k in ks if g[f"pass@{k}"].notna().any()]
+            pts = [interval(g[f"pass@{k}"].to_numpy(dtype=float)) for k in have]
+            mean = np.array([p[0] for p in pts])
+            ax.plot(have, mean, marker="o", ms=3, lw=1.1, color=cols[lab], label=f"{lab} (n={len(g)})")
+            lo, hi = np.array([p[1] for p in pts]), np.array([p[2] for p in pts])
+            if len(g) > 1:
+                ax.fill_between(have, lo, hi, color=cols[lab], alpha=0.12, lw=0)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("k (samples per problem)")
+        ax.set_ylabel("pass@k (final checkpoint)")
+        ax.set_title(f"{sw} ({_seeds(s)} distinct seeds)", fontsize=9)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{sweep}: final metrics vs delta (mean over seeds, 95% bootstrap CI)", fontsize=11)
-    legend_below(fig, axes.flat[0])
+        ax.legend(fontsize=5.5, frameon=False, loc="lower right")
+    for ax in list(axes.flat)[len(sweeps) :]:
+        ax.axis("off")
+    fig.suptitle("pass@k vs k (unbiased estimator), mean and 95% t-interval over seeds", fontsize=10)
+    fig.tight_layout()
+    return save(fig, path, formats)
+
+
+# ------------------------------------------------------------------------------------------- clipped-token depth
+def clip_depth(bins: pd.DataFrame, path: Path, formats=("png",)) -> list[Path]:
+    """Clipped tokens by depth into NSR's rescue zone, per side and per delta (each run counted once): the fraction
+    of clipped tokens in each depth bin (bars) and the fraction of them rescued (points). A deeper zone (larger
+    delta) takes in more clipped tokens, but each is rescued with a probability that falls with depth: NSR's dose."""
+    if bins is None or not len(bins):
+        return []
+    g = bins.groupby(["delta", "executor", "side", "bin"], as_index=False)[["clipped", "rescued"]].sum()
+    keys = sorted({(d, e) for d, e in zip(g["delta"], g["executor"])})
+    runs = bins.groupby(["delta", "executor"])["run"].nunique()
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), squeeze=False)
+    width = 0.8 / max(1, len(keys))
+    for ax, side, name in ((axes[0, 0], "pos", "A > 0 (r above 1 + eps_high)"), (axes[0, 1], "neg", "A < 0 (r below 1 - eps_low)")):  # noqa: E501
+        for i, (d, ex) in enumerate(keys):
+            h = g[(g["delta"] == d) & (g["executor"] == ex) & (g["side"] == side)].sort_values("bin")
+            total = h["clipped"].sum()
+            if not total:
+                continue
+            col = cmap(0.1 + 0.8 * i / max(1, len(keys) - 1))
+            x = h["bin"].to_numpy() + (i - (len(keys) - 1) / 2) * width
+            ax.bar(x, h["clipped"] / total, width=width, color=col, alpha=0.7,
+                   label=f"delta={d:g} {ex}: {int(total):,} clipped tokens, {runs[(d, ex)]} runs")  # fmt: skip
+            with np.errstate(invalid="ignore", divide="ignore"):
+                ax.plot(x, h["rescued"] / h["clipped"], "o", ms=3, color=col)
+        n = int(g["bin"].max()) if len(g) else 0
+        ax.set_xticks(range(n + 1), [f"{b / n:.1f}" for b in range(n)] + ["deeper"], fontsize=7)
+        ax.set_xlabel("depth into the rescue zone (0 = clip boundary, 1 = its far edge)")
+        ax.set_ylabel("share of clipped tokens (bars) / rescued share (points)")
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=6, frameon=False)
+    fig.suptitle("Clipped tokens by depth into the rescue zone, NSR runs (each config counted once)", fontsize=10)
+    fig.tight_layout()
     return save(fig, path, formats)
 
 

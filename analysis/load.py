@@ -1,9 +1,10 @@
 """Run folders -> tidy pandas frames (design.md, "Run directory contract").
 
     from analysis.load import load_runs
-    rs = load_runs("results/runs")          # every results/runs/<sweep>/<run_id>/
-    rs.runs      # one row per run folder: run, sweep, run_id, state, included, arm, label, seed, point, ...,
-                 #   and every RunConfig field as a dotted column (loss.rule, loss.delta, train.lr, ...)
+    rs = load_runs("results/runs")          # every run folder under results/runs/, at any depth
+    rs.runs      # one row per run folder: run, folder, hash, sweep, run_id, state, included, arm, label, seed,
+                 #   point, copy_of, problem, and every RunConfig field as a dotted column (loss.rule, ...)
+    rs.members   # one row per (sweep, included run): run, sweep, run_id, arm, label, seed, baseline, point, preset
     rs.steps     # one row per (run, step) of metrics.jsonl (or OpenRLHF TensorBoard events): reward_mean, ...
     rs.eval_samples()   # one row per eval sample: run, step, benchmark, problem_id, decoding, sample, correct
     rs.eval_counts()    # per (run, step, benchmark, decoding, problem_id): n samples, c correct (what pass@k needs)
@@ -13,6 +14,11 @@
 Nothing here crashes on a bad folder: a missing config, a failed run, a truncated last line (a crash mid-write)
 or a corrupt line gives a :class:`RunWarning` and an entry in ``rs.issues``. Only runs whose state is in
 ``states`` (default: done) enter ``steps`` and the eval frames; the others are listed, never silently mixed in.
+A done run whose logs fall short of its configured steps, lack the final eval, or hold a value that is not a finite
+number is ``incomplete`` and excluded the same way.
+
+A run is its config hash: the same config in several folders (a sweep that shares another's run, a copy under
+``backup/``) is read once, and it is a member of every sweep whose sweep file holds that config (``rs.members``).
 
 A run's ``label`` is its arm plus its grid point (``nsr delta=0.2``): the unit a table row or a curve stands for.
 Runs of one label differ only by seed.
@@ -20,21 +26,20 @@ Runs of one label differ only by seed.
 
 from __future__ import annotations
 
-import json
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pj
-import yaml
 
-from experiments.rundir import REPO_ROOT, RunDir, read_rows
+from experiments.config import ConfigError, from_dict
+from experiments.rundir import REPO_ROOT, RunDir, RunFolderError, read_rows
 
 RUNS_ROOT = REPO_ROOT / "results" / "runs"
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""libyaml's safe loader when PyYAML was built with it (10x faster on 100 config.yaml files), else the Python one."""
 DONE_ONLY = ("done",)
 EVAL_COLUMNS = ("step", "benchmark", "problem_id", "decoding", "sample", "correct")
 COUNT_KEYS = ["run", "step", "benchmark", "decoding", "problem_id"]
@@ -52,8 +57,8 @@ class Issue:
     sweep: str
     run_id: str
     kind: str
-    """no_config | bad_config | no_status | running | failed | cancelled | unknown_state | no_metrics |
-    truncated | corrupt_lines | duplicate_steps | no_eval | bad_eval"""
+    """no_config | bad_config | bad_meta | no_status | bad_status | running | failed | cancelled | no_metrics |
+    truncated | corrupt_lines | duplicate_steps | no_eval | bad_eval | incomplete | copy | legacy"""
     message: str
 
     def __str__(self) -> str:
@@ -68,6 +73,8 @@ class RunSet:
     runs: pd.DataFrame
     steps: pd.DataFrame
     issues: list[Issue] = field(default_factory=list)
+    members: pd.DataFrame = field(default_factory=pd.DataFrame)
+    notes: list[str] = field(default_factory=list)
     _eval_files: dict[str, Path] = field(default_factory=dict, repr=False)
     _counts: pd.DataFrame | None = field(default=None, repr=False)
 
@@ -116,7 +123,7 @@ class RunSet:
             if not path.exists():
                 continue
             rows, bad = read_rows(path)
-            sweep, run_id = rec.run.split("/", 1)
+            sweep, run_id = rec.sweep, rec.run_id
             for kind, msg in bad:
                 self._issue(Issue(sweep, run_id, kind, f"ratio_bins.jsonl: {msg}"))
             if not rows:
@@ -214,22 +221,60 @@ def count_eval(path: Path) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
 
 
 # ---------------------------------------------------------------------------------------------- folders
-def find_run_dirs(root: Path) -> list[Path]:
-    """Run folders under ``root``: ``root/<sweep>/<run_id>/``; ``root`` may also be one sweep or one run folder.
-    Folders whose name starts with ``_`` or ``.`` (scratch) are skipped."""
+RUN_FILES = ("config.yaml", "status.json", "metrics.jsonl")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,199}")
+"""A sweep name or run id the analysis accepts from a run's config.yaml (they become output file names)."""
+READ_COLUMNS = ("reward_mean", "entropy", "clip_frac_low", "clip_frac_high", "clip_frac", "rescue_frac",
+                "pushout_frac", "response_len")  # fmt: skip
+"""The metrics.jsonl fields the analysis reads: a NaN, an infinity or a non-number in one makes the run incomplete."""
+
+
+LEGACY_SUFFIX = "_oldcode"
+"""Appended to the arm of a run whose rule meant something else when it ran (see :func:`_legacy`)."""
+
+
+def _legacy(config: dict, meta: dict) -> list[tuple[str, str]]:
+    """Fields whose meaning changed since older runs were made (the run's recorded hash then differs from today's):
+    ``[("translate" | "relabel", why)]``. A translated config is rewritten in place to today's name for what the old
+    code did; a relabelled one keeps its values, is matched to no sweep file and gets arm ``<arm>_oldcode``."""
+    out = []
+    adv, loss = config.get("advantages"), config.get("loss")
+    if isinstance(adv, dict) and adv.get("noise_mode") == "add" and adv.get("noise"):
+        adv["noise_mode"] = "add_all"
+        out.append(("translate", "advantages.noise_mode=add ran as today's add_all (noise on every group, also "
+                                 "those with no signal); read as add_all"))  # fmt: skip
+    if isinstance(loss, dict) and loss.get("rule") == "cispo" and "cispo_cap" not in loss:
+        out.append(("relabel", "loss.rule=cispo ran with its IS weight clipped to [1 - eps_low, 1 + eps_high] (before "
+                               "cispo_cap); counted as arm cispo" + LEGACY_SUFFIX + ", not as today's cispo"))  # fmt: skip
+    return out
+
+
+def find_run_dirs(root: Path, max_depth: int = 6) -> list[Path]:
+    """Run folders (a folder with config.yaml, status.json or metrics.jsonl) at any depth under ``root`` (or
+    ``root`` itself), sorted by path; a run folder's subfolders are not searched. Folders whose name starts with
+    ``_`` or ``.`` (scratch) are skipped."""
 
     def is_run(p: Path) -> bool:
-        return any((p / f).exists() for f in ("config.yaml", "status.json", "metrics.jsonl"))
+        return any((p / f).exists() for f in RUN_FILES)
 
-    def visible(p: Path) -> bool:
-        return p.is_dir() and not p.name.startswith(("_", "."))
+    out: list[Path] = []
 
-    if is_run(root):
-        return [root]
-    children = sorted(p for p in root.iterdir() if visible(p)) if root.is_dir() else []
-    if children and any(is_run(c) for c in children):
-        return [c for c in children if is_run(c)]
-    return [r for c in children for r in sorted(r for r in c.iterdir() if visible(r) and is_run(r))]
+    def walk(p: Path, depth: int) -> None:
+        if is_run(p):
+            out.append(p)
+            return
+        if depth >= max_depth:
+            return
+        try:
+            children = sorted(c for c in p.iterdir() if c.is_dir() and not c.name.startswith(("_", ".")))
+        except OSError:
+            return
+        for c in children:
+            walk(c, depth + 1)
+
+    if Path(root).is_dir():
+        walk(Path(root), 0)
+    return out
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -256,21 +301,6 @@ def make_label(arm: str, point: dict) -> str:
     return " ".join([arm, *parts])
 
 
-def _state(status: dict | None) -> str:
-    if status is None:
-        return "missing"
-    return str(status.get("state", "unknown"))
-
-
-def _read_status(path: Path) -> dict | None:
-    try:
-        return json.loads((path / "status.json").read_text())
-    except FileNotFoundError:
-        return None
-    except (json.JSONDecodeError, OSError):
-        return {"state": "unknown"}
-
-
 def _tensorboard_rows(path: Path) -> list[dict] | None:
     if not any(path.rglob("events.out.tfevents.*")):
         return None
@@ -279,34 +309,92 @@ def _tensorboard_rows(path: Path) -> list[dict] | None:
     return rows_from_tensorboard(path)
 
 
-def _steps_frame(rows: list[dict]) -> pd.DataFrame:
+def _steps_frame(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
+    """(step frame, problems): READ_COLUMNS as floats; a value that is not a finite number is a problem."""
     df = pd.DataFrame(rows)
     if "step" not in df.columns:
-        return pd.DataFrame()
-    df = df[pd.to_numeric(df["step"], errors="coerce").notna()]
-    df = df.astype({"step": "int64"})
+        return pd.DataFrame(), ["no step field"] if rows else []
+    step = pd.to_numeric(df["step"], errors="coerce")
+    problems = [f"{int(step.isna().sum())} row(s) with a non-numeric step"] if step.isna().any() else []
+    df = df[step.notna()].astype({"step": "int64"})
     for col in df.columns:
-        if col != "step" and df[col].dtype == object:
+        if col == "step":
+            continue
+        if col in READ_COLUMNS:
+            conv = df[col] if df[col].dtype == np.float64 else pd.to_numeric(df[col], errors="coerce").astype(float)
+            bad = df[col].notna().to_numpy() & ~np.isfinite(conv.to_numpy())
+            if bad.any():
+                first = int(df["step"].to_numpy()[bad][0])
+                problems.append(f"{col}: {int(bad.sum())} value(s) not a finite number (first at step {first})")
+            df[col] = conv
+        elif df[col].dtype == object:
             conv = pd.to_numeric(df[col], errors="coerce")
             if conv.notna().sum() == df[col].notna().sum():  # all values numeric (None -> NaN)
                 df[col] = conv
     if "clip_frac" not in df.columns and {"clip_frac_low", "clip_frac_high"} <= set(df.columns):
         df["clip_frac"] = df["clip_frac_low"] + df["clip_frac_high"]
-    return df
+    return df, problems
+
+
+def _as_int(v) -> int | None:
+    return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else None
+
+
+def sweep_members(
+    runs: pd.DataFrame, sweeps_dir: Path | None, presets_dir: Path | None = None
+) -> tuple[dict[str, list[dict]], list[str]]:
+    """{config hash: [{sweep, arm, point, seed, baseline, preset, run_id}]}: every sweep file in ``sweeps_dir`` that
+    contains a config, expanded with the presets the runs were made with; and notes on sweep files that failed.
+
+    Hashes are today's ``RunConfig.run_hash()``; a run folder is matched through its config.yaml read by today's code
+    (``runs["config_hash"]``), so a field added since the run was made (with its default) does not hide it."""
+    from sweeps import SweepError, expand
+
+    out: dict[str, list[dict]] = {}
+    notes: list[str] = []
+    if sweeps_dir is None or not Path(sweeps_dir).is_dir():
+        return out, notes
+    presets = sorted({p for p in runs.get("meta.preset", pd.Series(dtype=object)).dropna() if isinstance(p, str)})
+    for path in sorted(Path(sweeps_dir).glob("*.yaml")):
+        for preset in presets:
+            try:
+                specs = expand(path, preset=preset, presets_dir=presets_dir)
+            except (SweepError, ValueError) as e:
+                notes.append(f"{path.stem} (preset {preset}): not expanded: {e}")
+                continue
+            for r in specs:
+                m = {k: r.meta[k] for k in ("sweep", "arm", "point", "seed", "baseline", "preset")}
+                out.setdefault(r.config.run_hash(), []).append(m | {"run_id": r.run_id})
+    return out, notes
 
 
 def load_runs(
-    root: str | Path = RUNS_ROOT, *, sweeps: list[str] | None = None, states: tuple[str, ...] = DONE_ONLY
+    root: str | Path = RUNS_ROOT,
+    *,
+    sweeps: list[str] | None = None,
+    states: tuple[str, ...] = DONE_ONLY,
+    sweeps_dir: str | Path | None = None,
+    presets_dir: str | Path | None = None,
 ) -> RunSet:
-    """Load every run folder under ``root``.
+    """Load every run folder under ``root``, each config once.
 
     Args:
-        root: a results folder (``<root>/<sweep>/<run_id>/``), one sweep folder, or one run folder.
+        root: a results folder (``<root>/<sweep>/<run_id>/``, copies at any depth included), one sweep folder, or one
+            run folder.
         sweeps: keep only these sweep names (None: all).
         states: run states whose data enter ``steps`` and the eval frames (e.g. ``("done", "running")`` to look
             at live runs); the rest are listed in ``runs`` with ``included = False`` and in ``issues``.
+        sweeps_dir: sweep files (default: the repo's sweeps/); a run belongs to every sweep whose file has its
+            config, besides the sweep its own config.yaml names. presets_dir: their presets (default sweeps/presets).
+
+    Identity: a run is its config hash (config.yaml ``meta.run_hash``, as written when it ran). Folders holding the same config are one run:
+    the first done-and-complete folder (its own sweep's folder first, then by path) counts, the others are reported
+    as ``copy`` issues and excluded. A done run whose metrics stop short of ``train.steps``, whose last eval is not
+    at its last step, or whose metrics hold a value that is not a finite number is ``incomplete``: reported and
+    excluded from every frame.
     """
     root = Path(root)
+    sweeps_dir = Path(sweeps_dir) if sweeps_dir is not None else REPO_ROOT / "sweeps"
     issues: list[Issue] = []
 
     def issue(sweep, run_id, kind, msg):
@@ -314,137 +402,273 @@ def load_runs(
         issues.append(it)
         warnings.warn(str(it), RunWarning, stacklevel=3)
 
-    records, step_frames, eval_files = [], [], {}
+    records, frames, counts = [], {}, {}
     for path in find_run_dirs(root):
+        rel = path.relative_to(root).as_posix() if path != root else path.name
         sweep_dir = path.parent.name if path != root else "adhoc"
-        run_id = path.name
+        rd = RunDir(path)
         try:
-            config = yaml.load((path / "config.yaml").read_text(), Loader=YAML_LOADER) or {}
-            if not isinstance(config, dict):
-                raise ValueError("top level is not a mapping")
-        except FileNotFoundError:
-            issue(sweep_dir, run_id, "no_config", "no config.yaml; folder skipped")
+            config = rd.read_config()
+            if config is None:
+                issue(sweep_dir, path.name, "no_config", "no config.yaml; folder skipped")
+                continue
+        except RunFolderError as e:
+            issue(sweep_dir, path.name, "bad_config", f"config.yaml unreadable ({e}); folder skipped")
             continue
-        except (yaml.YAMLError, ValueError) as e:
-            issue(sweep_dir, run_id, "bad_config", f"config.yaml unreadable ({e}); folder skipped")
-            continue
-        meta = config.pop("meta", None) or {}
+        meta = config.pop("meta", None)
+        meta = meta if isinstance(meta, dict) else {}
         config.pop("preset", None)
-        sweep = meta.get("sweep") or sweep_dir
+        sweep = meta.get("sweep") if meta.get("sweep") is not None else sweep_dir
+        run_id = meta.get("run_id") if meta.get("run_id") is not None else path.name
+        bad_name = next((f"{k}={v!r}" for k, v in (("sweep", sweep), ("run_id", run_id))
+                         if not isinstance(v, str) or not SAFE_NAME.fullmatch(v)), None)  # fmt: skip
+        if bad_name:
+            issue(sweep_dir, path.name, "bad_meta",
+                  f"{rel}/config.yaml meta.{bad_name} is not valid (allowed: letters, digits and _.+-, not first); "
+                  "folder skipped")  # fmt: skip
+            continue
         if sweeps is not None and sweep not in sweeps:
             continue
-        run_id = meta.get("run_id") or run_id
-        run = f"{sweep}/{run_id}"
-        status = _read_status(path)
-        state = _state(status)
-        included = state in states
+        status = rd.status()
+        state = "missing" if status is None else str(status.get("state"))
         if state == "missing":
             issue(sweep, run_id, "no_status", "no status.json (never started, or not a run folder)")
+        elif state == "bad":
+            issue(sweep, run_id, "bad_status", f"{status.get('problem')}; excluded")
         elif state in ("running", "failed", "cancelled"):
-            err = (status or {}).get("error")
-            issue(
-                sweep,
-                run_id,
-                state,
-                f"state {state}" + (f": {err}" if err else "") + ("" if included else "; excluded"),
-            )
-        elif state != "done":
-            issue(sweep, run_id, "unknown_state", f"status.json has state {state!r}")
+            err = status.get("error")
+            excl = "" if state in states else "; excluded"
+            issue(sweep, run_id, state, f"state {state}" + (f": {err}" if err else "") + excl)
 
+        legacy = _legacy(config, meta)
         flat = flatten(config)
-        point = dict(meta.get("point") or {})
-        arm = meta.get("arm") or flat.get("loss.rule", "run")
+        try:  # the config as today's code reads it: what the sweep files' expansions are matched against
+            config_hash = from_dict(config).run_hash()
+        except (ConfigError, TypeError, ValueError):
+            config_hash = None
+        if legacy and isinstance(meta.get("run_hash"), str) and meta["run_hash"] != config_hash:
+            for kind, why in legacy:
+                issue(sweep, run_id, "legacy", why)
+            if any(kind == "relabel" for kind, _ in legacy):
+                config_hash = None  # today's sweep files mean another config by these fields
+                meta = {**meta, "arm": f"{meta.get('arm') or flat.get('loss.rule')}{LEGACY_SUFFIX}"}
+            else:  # translated: today's name for what the old code did
+                config_hash = from_dict(config).run_hash()
+        run_hash = meta.get("run_hash") if isinstance(meta.get("run_hash"), str) else config_hash
+        if not run_hash:
+            issue(sweep, run_id, "bad_config", f"{rel}/config.yaml: no meta.run_hash and not a valid config; skipped")
+            continue
+        point = meta.get("point") if isinstance(meta.get("point"), dict) else {}
+        arm = str(meta.get("arm") or flat.get("loss.rule", "run"))
         seed = meta.get("seed", flat.get("seed"))
         rec = {
-            "run": run,
+            "run": f"{sweep}/{run_id}",
+            "folder": rel,
+            "hash": run_hash,
+            "config_hash": config_hash,
             "sweep": sweep,
             "run_id": run_id,
             "path": str(path),
             "state": state,
-            "included": included,
+            "included": state in states,
             "arm": arm,
             "label": make_label(arm, point),
             "seed": seed,
             "baseline": meta.get("baseline"),
-            "point": point,
+            "point": dict(point),
             "error": (status or {}).get("error"),
+            "problem": "",
             **flat,
             **{f"meta.{k}": v for k, v in flatten(meta).items() if k not in ("sweep", "arm", "seed", "baseline")},
         }
-
-        steps = pd.DataFrame()
-        rd = RunDir(path)
-        if rd.metrics_path.exists():
-            rows, probs = read_rows(rd.metrics_path)
-            for kind, msg in probs:
-                issue(sweep, run_id, kind, f"metrics.jsonl: {msg}")
-            steps = _steps_frame(rows)
-        else:
-            tb = _tensorboard_rows(path)
-            if tb is None:
-                if state != "missing":
-                    issue(sweep, run_id, "no_metrics", "no metrics.jsonl and no TensorBoard events")
-            else:
-                steps = _steps_frame(tb)
-                rec["metrics_source"] = "tensorboard"
-        if len(steps):
-            dup = steps["step"].duplicated(keep="last")
-            if dup.any():
-                issue(sweep, run_id, "duplicate_steps", f"{int(dup.sum())} repeated step(s); kept the last of each")
-                steps = steps[~dup]
-            steps = steps.sort_values("step", kind="stable")
-        rec["n_steps"] = len(steps)
-        rec["last_step"] = int(steps["step"].max()) if len(steps) else -1
-        eval_path = rd.eval_path if rd.eval_path.exists() else None
-        rec["has_eval"] = eval_path is not None
-        if included and eval_path is None and state == "done":
-            issue(sweep, run_id, "no_eval", "no eval.jsonl(.gz): pass@k columns are empty for this run")
+        if rec["included"]:
+            _read_run(rec, rd, frames, counts, issue)
         records.append(rec)
-        if included:
-            if len(steps):
-                steps.insert(0, "run", run)
-                step_frames.append(steps)
-            if eval_path is not None:
-                eval_files[run] = eval_path
 
     runs = pd.DataFrame(records)
-    if len(runs) and "meta.preset" in runs.columns:
-        _split_presets(runs)
     if not len(runs):
         runs = pd.DataFrame(
-            {c: pd.Series(dtype=object) for c in ("run", "sweep", "run_id", "state", "arm", "label", "seed", "point")}
+            {c: pd.Series(dtype=object) for c in ("run", "folder", "hash", "sweep", "run_id", "state", "arm", "label",
+                                                  "seed", "point", "problem")}  # fmt: skip
             | {"included": pd.Series(dtype=bool)}
         )
+    _dedupe(runs, issue)
+    keep = set(runs.loc[runs["included"], "run"])
+    members, notes = _members(runs, sweeps_dir if sweeps_dir.is_dir() else None, presets_dir)
+    step_frames = [f for run, f in frames.items() if run in keep]
     steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame({"run": [], "step": []})
-    return RunSet(root=root, runs=runs.reset_index(drop=True), steps=steps, issues=issues, _eval_files=eval_files)
+    eval_files = {run: RunDir(p).eval_path for run, p in zip(runs["run"], runs["path"]) if run in keep}
+    eval_files = {r: p for r, p in eval_files.items() if p.exists()}
+    rs = RunSet(root, runs.reset_index(drop=True), steps, issues, members, notes, _eval_files=eval_files)
+    parts = [c for r, c in counts.items() if r in keep and c is not None and len(c)]
+    cols = {c: pd.Series(dtype=object) for c in COUNT_KEYS} | {"n": pd.Series(dtype="int64")}
+    rs._counts = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(cols | {"c": cols["n"]})
+    return rs
 
 
-def _split_presets(runs: pd.DataFrame) -> None:
+def _read_run(rec: dict, rd: RunDir, frames: dict, counts: dict, issue) -> None:
+    """Read one included run's metrics and eval counts into ``frames`` / ``counts``; mark it incomplete (excluded,
+    with the reason in ``rec['problem']``) when its logs do not cover its configured steps or hold bad numbers."""
+    sweep, run_id, run = rec["sweep"], rec["run_id"], rec["run"]
+    steps, problems = pd.DataFrame(), []
+    if rd.metrics_path.exists():
+        rows, probs = read_rows(rd.metrics_path)
+        for kind, msg in probs:
+            issue(sweep, run_id, kind, f"metrics.jsonl: {msg}")
+        steps, problems = _steps_frame(rows)
+    else:
+        tb = _tensorboard_rows(rd.path)
+        if tb is None:
+            issue(sweep, run_id, "no_metrics", "no metrics.jsonl and no TensorBoard events")
+        else:
+            steps, problems = _steps_frame(tb)
+            rec["metrics_source"] = "tensorboard"
+    if len(steps):
+        dup = steps["step"].duplicated(keep="last")
+        if dup.any():
+            issue(sweep, run_id, "duplicate_steps", f"{int(dup.sum())} repeated step(s); kept the last of each")
+            steps = steps[~dup]
+        steps = steps.sort_values("step", kind="stable")
+    rec["n_steps"] = len(steps)
+    rec["last_step"] = int(steps["step"].max()) if len(steps) else -1
+    want = _as_int(rec.get("train.steps")) if rec.get("backend", "tiny") == "tiny" else None
+    if rec["state"] == "done" and want is not None and len(steps) and (len(steps) < want or rec["last_step"] < want):
+        problems.append(f"{len(steps)} of {want} metric rows (last step {rec['last_step']})")
+    if rec["state"] == "done" and not len(steps) and rd.metrics_path.exists():
+        problems.append("metrics.jsonl has no rows")
+    eval_path = rd.eval_path
+    rec["has_eval"] = eval_path.exists()
+    c = None
+    if not rec["has_eval"]:
+        if rec["state"] == "done":
+            issue(sweep, run_id, "no_eval", "no eval.jsonl(.gz): pass@k columns are empty for this run")
+            if want is not None and (_as_int(rec.get("eval.n_prompts")) or 0) > 0:
+                problems.append("final eval missing (no eval file)")
+    else:
+        try:
+            c, bad = count_eval(eval_path)
+        except (OSError, ValueError) as e:
+            issue(sweep, run_id, "bad_eval", f"{eval_path.name} unreadable: {e}")
+            problems.append("eval file unreadable")
+            c, bad = None, []
+        for kind, msg in bad:
+            issue(sweep, run_id, kind, f"{eval_path.name}: {msg}")
+        if c is not None and rec["state"] == "done":
+            problems += _eval_problems(c, rec["last_step"] if want is not None else None)
+    if problems and rec["state"] == "done":
+        rec["state"], rec["included"] = "incomplete", False
+        rec["problem"] = "; ".join(problems)
+        issue(sweep, run_id, "incomplete", f"{rec['problem']}; excluded from every table, figure and claim")
+        return
+    if len(steps):
+        steps.insert(0, "run", run)
+        frames[run] = steps
+    if c is not None:
+        c.insert(0, "run", run)
+        counts[run] = c
+
+
+def _eval_problems(c: pd.DataFrame, last_step: int | None) -> list[str]:
+    """A done run's eval counts must end with a full evaluation at its last training step."""
+    if not len(c):
+        return ["eval file has no rows"]
+    out = []
+    final = int(c["step"].max())
+    if last_step is not None and final < last_step:
+        out.append(f"final eval missing (last eval at step {final}, last metric step {last_step})")
+    first = c[c["step"] == c["step"].min()]
+    fin = c[c["step"] == final]
+    for dec, g in first.groupby("decoding"):
+        f = fin[fin["decoding"] == dec]
+        if len(f) < len(g) or (len(f) and int(f["n"].sum()) < int(g["n"].sum())):
+            out.append(f"final eval cut short ({dec}: {int(f['n'].sum())} of {int(g['n'].sum())} samples)")
+    return out
+
+
+def _dedupe(runs: pd.DataFrame, issue) -> None:
+    """One folder per config hash: keep the first done-and-included folder (a folder at <sweep>/<run_id> of its own
+    meta first, then by path); every other folder with that hash is a ``copy``, excluded."""
+    if not len(runs):
+        runs["copy_of"] = pd.Series(dtype=object)
+        return
+    runs["copy_of"] = None
+    canonical = runs["folder"] == runs["run"]
+    order = runs.assign(_c=~canonical, _i=~runs["included"]).sort_values(["hash", "_i", "_c", "folder"])
+    for _, g in order.groupby("hash", sort=False):
+        if len(g) < 2:
+            continue
+        keep = g.index[0]
+        for i in g.index[1:]:
+            runs.at[i, "copy_of"] = runs.at[keep, "folder"]
+            if runs.at[i, "included"]:
+                runs.at[i, "included"] = False
+            runs.at[i, "state"] = f"copy ({runs.at[i, 'state']})"
+            issue(runs.at[i, "sweep"], runs.at[i, "run_id"], "copy",
+                  f"{runs.at[i, 'folder']} holds the same config (hash {runs.at[i, 'hash']}) as "
+                  f"{runs.at[keep, 'folder']}; counted once, there")  # fmt: skip
+    # a copy's folder name can repeat the kept run's key (a backup/ copy): give it its folder as the key
+    dup_key = runs["run"].duplicated(keep=False) & runs["copy_of"].notna()
+    runs.loc[dup_key, "run"] = runs.loc[dup_key, "folder"]
+
+
+MEMBER_COLUMNS = ["run", "sweep", "run_id", "arm", "label", "seed", "baseline", "point", "preset"]
+
+
+def _members(runs: pd.DataFrame, sweeps_dir: Path | None, presets_dir=None) -> tuple[pd.DataFrame, list[str]]:
+    """One row per (sweep, included run): the sweep its config.yaml names, and every sweep file holding its config
+    (arm, point, seed and baseline from that sweep file)."""
+    inc = runs[runs["included"]] if len(runs) else runs
+    by_hash, notes = sweep_members(inc, sweeps_dir, presets_dir) if len(inc) else ({}, [])
+    rows = []
+    for rec in inc.to_dict("records"):
+        own = {k: rec[k] for k in ("run", "sweep", "run_id", "arm", "seed", "baseline", "point")}
+        own["preset"] = rec.get("meta.preset")
+        mine = {own["sweep"]: own}
+        for m in by_hash.get(rec["config_hash"], []):
+            mine[m["sweep"]] = {"run": rec["run"], **m}
+        rows += list(mine.values())
+    members = pd.DataFrame(rows, columns=[c for c in MEMBER_COLUMNS if c != "label"])
+    members["label"] = [make_label(a, p) for a, p in zip(members["arm"], members["point"])]
+    members = members[MEMBER_COLUMNS].sort_values(["sweep", "run_id"], kind="stable").reset_index(drop=True)
+    _split_presets(members)
+    return members, notes
+
+
+def _split_presets(members: pd.DataFrame) -> None:
     """A sweep whose runs come from several presets (e.g. tiny and tiny-smoke in one results folder): the preset
     joins each run's grid point and label, so runs of different presets are never averaged or paired together."""
-    for _, g in runs.groupby("sweep"):
-        if g["meta.preset"].nunique(dropna=True) < 2:
+    for _, g in members.groupby("sweep"):
+        if g["preset"].nunique(dropna=True) < 2:
             continue
         for i in g.index:
-            point = runs.at[i, "point"]
-            if "preset" not in point and isinstance(runs.at[i, "meta.preset"], str):
-                point = {**point, "preset": runs.at[i, "meta.preset"]}
-                runs.at[i, "point"] = point
-                runs.at[i, "label"] = make_label(runs.at[i, "arm"], point)
+            point = members.at[i, "point"]
+            if "preset" not in point and isinstance(members.at[i, "preset"], str):
+                point = {**point, "preset": members.at[i, "preset"]}
+                members.at[i, "point"] = point
+                members.at[i, "label"] = make_label(members.at[i, "arm"], point)
 
 
 def status_report(rs: RunSet, expected: dict[str, list[str]] | None = None) -> dict[str, dict[str, list[str]]]:
-    """Per sweep: {"done": [...], "running": [...], "failed": [...], ..., "missing": [...]} run ids.
+    """Per sweep: {"done": [...], "incomplete": [...], "running": [...], ..., "missing": [...]} run ids.
 
-    ``expected`` maps a sweep to the run ids its sweep file defines; ids with no folder are listed as missing.
-    """
+    ``done`` is every counted run of the sweep (``rs.members``, shared runs included wherever their folder is);
+    the other states are the sweep's own folders that are not counted (copies are listed as ``copy``). ``expected``
+    maps a sweep to the run ids its sweep file defines: an id whose config (the id's hash) has no folder anywhere
+    is listed as missing."""
     out: dict[str, dict[str, list[str]]] = {}
-    for sweep, g in rs.runs.groupby("sweep", sort=True):
-        out[sweep] = {st: sorted(gg["run_id"]) for st, gg in g.groupby("state", sort=True)}
+    m = rs.members
+    for sweep, g in (m.groupby("sweep", sort=True) if len(m) else []):
+        out.setdefault(sweep, {})["done"] = sorted(g["run_id"])
+    runs = rs.runs
+    rest = runs[~runs["included"]] if len(runs) else runs
+    for rec in rest.itertuples(index=False):
+        state = "copy" if str(rec.state).startswith("copy") else str(rec.state)
+        out.setdefault(rec.sweep, {}).setdefault(state, []).append(rec.run_id)
+    have = set(runs["config_hash"].dropna()) | set(runs["hash"].dropna()) if len(runs) else set()
     for sweep, ids in (expected or {}).items():
-        have = set(rs.runs.loc[rs.runs["sweep"] == sweep, "run_id"])
-        missing = sorted(set(ids) - have)
         out.setdefault(sweep, {})
+        listed = {i for v in out[sweep].values() for i in v}
+        missing = sorted(i for i in ids if i not in listed and i.rsplit("-", 1)[-1] not in have)
         if missing:
             out[sweep]["missing"] = missing
-    return out
+    return {sw: {st: sorted(v) for st, v in sorted(states.items())} for sw, states in sorted(out.items())}

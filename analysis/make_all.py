@@ -4,15 +4,20 @@
     python -m analysis.make_all --runs DIR --out DIR     # another results folder (README untouched unless --readme)
     python -m analysis.make_all --format png pdf         # also PDF figures for a paper
 
-What it writes (idempotent: the same runs give byte-identical files):
-    <out>/tables/<sweep>.md|.tex      arms x metrics, mean [95% bootstrap CI] over seeds; paired differences vs baseline
+What it writes (idempotent: the same runs give byte-identical files), every file under --out:
+    <out>/tables/<sweep>.md|.tex      arms x metrics, mean [95% t-interval] over seeds; paired differences vs baseline
     <out>/tables/<sweep>_runs.csv     one row per run: every summary metric (analysis.summary)
     <out>/tables/main.md|.tex         the paper's reported numbers (results/paper/main.csv) next to the main sweep
-    <out>/tables/claims.md            each claim of the paper: supports / contradicts / inconclusive (analysis.claims)
-    <out>/tables/status.md            per sweep: done, running, failed, cancelled and missing runs, and load issues
-    <out>/figures/<sweep>_dynamics.png, delta_sweep.png, judge_executor.png, theory_expected_weight.png
+    <out>/tables/claims.md            each claim: supports / contradicts / not reproduced at this scale / inconclusive
+    <out>/tables/posthoc.md           the post-hoc readings (analysis/posthoc.yaml), labelled as such
+    <out>/tables/status.md            per sweep: counted, incomplete, not done, copied and missing runs; load issues
+    <out>/figures/<sweep>_dynamics.png, delta_sweep.png, judge_executor.png, theory_expected_weight.png, forest.png,
+                  pass_at_k.png, clip_depth.png
+    <out>/report.html                 one static page: claims, forest plot, every figure and table, run counts, issues
 and rewrites the README block between ``<!-- claims:start -->`` and ``<!-- claims:end -->``.
-It prints, per sweep, the runs that are missing (in the sweep file but without a folder) or not done.
+A config is one run wherever its folders are (shared by sweeps, or copied): counted once per sweep that has it.
+Runs that are incomplete, not done or copies are excluded from every table, figure and claim, with counts on
+stderr and in status.md; runs of `make demo` (sweep ``demo``) are never tabled.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 from analysis import claims as claims_mod
 from analysis import figures, tables
+from analysis import report as report_mod
 from analysis.load import RUNS_ROOT, RunSet, RunWarning, load_runs, status_report
 from analysis.summary import eval_curves, summarize
 from experiments.rundir import REPO_ROOT
@@ -33,15 +39,46 @@ from experiments.rundir import REPO_ROOT
 OUT_ROOT = REPO_ROOT / "results"
 README = REPO_ROOT / "README.md"
 START, END = "<!-- claims:start -->", "<!-- claims:end -->"
-README_FIGURES = ("theory_expected_weight", "rescue_vs_decay_dynamics", "delta_sweep", "judge_executor")
+README_FIGURES = ("forest", "theory_expected_weight", "rescue_vs_decay_dynamics", "delta_sweep", "judge_executor")
 """Figures shown in the README block, when they exist."""
+NOT_TABLED = ("demo",)
+"""Sweeps make_all never tables: `make demo`'s runs (results/runs/demo), drawn by analysis.demo itself."""
 
 
-def write_text(path: Path, text: str) -> Path:
-    """Write only when the content changes (keeps mtimes, and git, quiet on an idempotent rerun)."""
+class OutputError(ValueError):
+    """A path make_all would write is not usable (not a folder, not writable, or outside --out)."""
+
+
+def check_out(out: Path) -> Path:
+    """``out`` as a folder make_all can write into (created if missing); OutputError naming it otherwise."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out}: is a file; allowed: a folder (it gets tables/, figures/ and report.html)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise OutputError(f"--out {out}: not writable")
+    return out
+
+
+def write_text(path: Path, text: str, under: Path | None = None) -> Path:
+    """Write only when the content changes (keeps mtimes, and git, quiet on an idempotent rerun). With ``under``,
+    refuse (OutputError) a path that resolves outside that folder."""
+    if under is not None:
+        inside(path, under)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
+    return path
+
+
+def inside(path: Path, under: Path) -> Path:
+    """``path`` if it resolves inside ``under``; OutputError otherwise (a name taken from a run folder must never
+    reach outside --out)."""
+    if not Path(path).resolve().is_relative_to(Path(under).resolve()):
+        raise OutputError(f"{path}: outside the output folder {under}; refused")
     return path
 
 
@@ -54,37 +91,45 @@ def expected_runs(rs: RunSet, sweeps_dir: Path | None = None, presets_dir: Path 
 
     folder = Path(sweeps_dir) if sweeps_dir else SWEEPS_DIR
     out, notes = {}, []
-    runs = rs.runs
+    runs = rs.members
     for path in sorted(folder.glob("*.yaml")):
         name = path.stem
         mine = runs[runs["sweep"] == name] if len(runs) else runs
-        presets = sorted(mine["meta.preset"].dropna().unique()) if "meta.preset" in mine.columns else []
+        presets = sorted(mine["preset"].dropna().unique()) if "preset" in mine.columns else []
         try:
             specs = [r for p in (presets or [None]) for r in expand(path, preset=p, presets_dir=presets_dir)]
-        except SweepError as e:
+        except (SweepError, ValueError) as e:
             notes.append(f"{name}: cannot list the expected runs: {e}")
             continue
         out[specs[0].sweep if specs else name] = [r.run_id for r in specs]
     return out, notes
 
 
-def status_markdown(report: dict, issues, notes) -> str:
+STATE_COLUMNS = ("done", "incomplete", "running", "failed", "cancelled", "copy", "missing")
+
+
+def status_markdown(report: dict, issues, notes, not_tabled: dict | None = None) -> str:
     lines = [
         "### Run status per sweep\n",
-        "| sweep | done | running | failed | cancelled | missing | other |",
-        "|---|---|---|---|---|---|---|",
+        "done = counted runs (a config shared by several sweeps is one run, counted in each); incomplete = finished "
+        "but short of its configured steps, without its final eval, or with non-numbers in its metrics (excluded); "
+        "copy = a second folder of a config counted elsewhere (excluded).\n",
+        "| sweep | " + " | ".join(STATE_COLUMNS) + " | other |",
+        "|---|" + "---|" * (len(STATE_COLUMNS) + 1),
     ]
     for sweep, states in report.items():
-        known = ("done", "running", "failed", "cancelled", "missing")
-        other = sum(len(v) for k, v in states.items() if k not in known)
-        lines.append(f"| {sweep} | " + " | ".join(str(len(states.get(k, []))) for k in known) + f" | {other} |")
+        other = sum(len(v) for k, v in states.items() if k not in STATE_COLUMNS)
+        lines.append(f"| {sweep} | " + " | ".join(str(len(states.get(k, []))) for k in STATE_COLUMNS) + f" | {other} |")
     listed = [(sweep, st, ids) for sweep, states in report.items() for st, ids in states.items() if st != "done"]
     listed = [x for x in listed if not (x[1] == "missing" and set(report[x[0]]) == {"missing"})]  # never run
     if listed:
-        lines += ["", "Runs not done:", ""]
+        lines += ["", "Runs not counted:", ""]
         lines += [f"- {sweep} {st}: {', '.join(ids)}" for sweep, st, ids in listed]
+    if not_tabled:
+        lines += ["", "Not tabled (analysis.demo draws its own figure from them):", ""]
+        lines += [f"- {sweep}: {n} run(s)" for sweep, n in not_tabled.items()]
     if issues:
-        lines += ["", "Load issues (runs not done are excluded from the tables):", ""]
+        lines += ["", "Load issues (runs that are not done, incomplete or copies are excluded everywhere):", ""]
         lines += [f"- {i}" for i in issues]
     if notes:
         lines += ["", *[f"- {n}" for n in notes]]
@@ -107,7 +152,26 @@ def print_status(report: dict, notes) -> None:
         print("  note: " + n)
 
 
-def readme_block(claims_md: str, fig_dir: Path, readme: Path, n_runs: int, sweeps: list[str]) -> str:
+def warn_excluded(rs: RunSet) -> dict[str, int]:
+    """Print to stderr, with counts, every run folder left out of the tables (incomplete, copies, not done)."""
+    runs = rs.runs
+    if not len(runs):
+        return {}
+    out = runs.loc[~runs["included"]]
+    kinds = out["state"].map(lambda st: "copy" if str(st).startswith("copy") else str(st))
+    counts = {k: int(v) for k, v in kinds.value_counts().sort_index().items()}
+    if counts:
+        total = sum(counts.values())
+        detail = ", ".join(f"{v} {k}" for k, v in counts.items())
+        print(f"make_all: {total} run folder(s) excluded from every table, figure and claim ({detail}); "
+              "see tables/status.md", file=sys.stderr)  # fmt: skip
+        for rec in out.itertuples(index=False):
+            if rec.state == "incomplete":
+                print(f"  incomplete: {rec.folder}: {rec.problem}", file=sys.stderr)
+    return counts
+
+
+def readme_block(claims_md: str, fig_dir: Path, readme: Path, n_runs: int, sweeps: list[str], n_seeds_note="") -> str:
     rel = Path(os.path.relpath(fig_dir, readme.parent))
     figs = [
         f"![{name}]({(rel / (name + '.png')).as_posix()})"
@@ -115,8 +179,8 @@ def readme_block(claims_md: str, fig_dir: Path, readme: Path, n_runs: int, sweep
         if (fig_dir / f"{name}.png").exists()
     ]
     head = (
-        f"_Generated by `python -m analysis.make_all` from {n_runs} finished run(s)"
-        f"{' of ' + ', '.join(sweeps) if sweeps else ''}; edit analysis/claims.yaml, not this block._\n\n"
+        f"_Generated by `python -m analysis.make_all` from {n_runs} distinct finished run(s)"
+        f"{' of ' + ', '.join(sweeps) if sweeps else ''}{n_seeds_note}; edit analysis/claims.yaml, not this block._\n\n"
     )
     return head + claims_md + ("\n" + "\n".join(figs) + "\n" if figs else "")
 
@@ -141,47 +205,79 @@ def make_all(
     presets_dir: Path | None = None,
     quiet: bool = False,
 ) -> dict:
-    """Build everything; returns {"files": [...], "status": {...}, "claims": [...]}."""
+    """Build everything; returns {"files": [...], "status": {...}, "claims": [...], "issues": [...], ...}."""
     say = (lambda *a: None) if quiet else print
-    out, tab_dir, fig_dir = Path(out), Path(out) / "tables", Path(out) / "figures"
+    out = check_out(Path(out))
+    tab_dir, fig_dir = inside(out / "tables", out), inside(out / "figures", out)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RunWarning)  # collected in rs.issues and written to status.md
-        rs = load_runs(runs)
+        rs = load_runs(runs, sweeps_dir=sweeps_dir, presets_dir=presets_dir)
         summary = summarize(rs)
+        not_tabled = {sw: int((summary["sweep"] == sw).sum()) for sw in NOT_TABLED if (summary["sweep"] == sw).any()}
+        summary = summary[~summary["sweep"].isin(NOT_TABLED)].reset_index(drop=True)
         curves = eval_curves(rs.eval_counts())
-        inc = rs.included
+        inc = rs.included[rs.included["run"].isin(summary["run"])]
         nsr_runs = set(inc.loc[inc["loss.rule"] == "nsr", "run"]) if "loss.rule" in inc.columns else set()
         bins = rs.ratio_bins(nsr_runs)  # read here, so problems in these files reach status.md too
     expected, notes = expected_runs(rs, sweeps_dir, presets_dir)
     report = status_report(rs, expected)
-    say(f"runs under {runs}: {int(rs.runs['included'].sum()) if len(rs.runs) else 0} done of {len(rs.runs)} folders")
-    print_status(report, notes) if not quiet else None
-    files = [write_text(tab_dir / "status.md", status_markdown(report, rs.issues, notes))]
+    report = {k: v for k, v in report.items() if k not in NOT_TABLED}
+    n_distinct = summary["run"].nunique()
+    say(f"runs under {runs}: {n_distinct} distinct run(s) counted, from {len(rs.runs)} folder(s)")
+    excluded = warn_excluded(rs) if not quiet else {}
+    print_status(report, notes + rs.notes) if not quiet else None
+    tab = lambda name: inside(tab_dir / name, out)  # noqa: E731
+    fig = lambda name: inside(fig_dir / name, out)  # noqa: E731
+    files = [write_text(tab("status.md"), status_markdown(report, rs.issues, notes + rs.notes, not_tabled), out)]
 
-    for sweep in sorted(summary["sweep"].unique()):
+    sweeps = sorted(summary["sweep"].unique())
+    for sweep in sweeps:
         t = tables.sweep_tables(summary, sweep)
-        files.append(write_text(tab_dir / f"{sweep}.md", t["md"]))
-        files.append(write_text(tab_dir / f"{sweep}.tex", t["tex"]))
+        files.append(write_text(tab(f"{sweep}.md"), t["md"], out))
+        files.append(write_text(tab(f"{sweep}.tex"), t["tex"], out))
         csv = summary[summary["sweep"] == sweep].drop(columns=["point"]).to_csv(index=False, float_format="%.6g")
-        files.append(write_text(tab_dir / f"{sweep}_runs.csv", csv))
-        files += figures.dynamics(rs, summary, curves, sweep, fig_dir / f"{sweep}_dynamics", formats)
+        files.append(write_text(tab(f"{sweep}_runs.csv"), csv, out))
+        files += figures.dynamics(rs, summary, curves, sweep, fig(f"{sweep}_dynamics"), formats)
     main = tables.main_table(summary, rs.runs, tables.load_paper())
-    files += [write_text(tab_dir / "main.md", main["md"]), write_text(tab_dir / "main.tex", main["tex"])]
-    files += figures.delta_sweep(rs, summary, fig_dir / "delta_sweep", formats=formats)
-    files += figures.judge_executor(rs, summary, curves, fig_dir / "judge_executor", formats=formats)
-    files += figures.theory(fig_dir / "theory_expected_weight", formats=formats, bins=bins)
+    files += [write_text(tab("main.md"), main["md"], out), write_text(tab("main.tex"), main["tex"], out)]
+    files += figures.delta_sweep(rs, summary, fig("delta_sweep"), formats=formats)
+    files += figures.judge_executor(rs, summary, curves, fig("judge_executor"), formats=formats)
+    files += figures.theory(fig("theory_expected_weight"), formats=formats, bins=bins)
+    files += figures.clip_depth(bins, fig("clip_depth"), formats=formats)
+    files += figures.pass_at_k_figure(summary, fig("pass_at_k"), formats=formats)
 
     claim_list, min_pairs = claims_mod.load_claims()
     results = claims_mod.evaluate(summary, claim_list, min_pairs)
     claims_md = claims_mod.render(results)
-    files.append(write_text(tab_dir / "claims.md", "### The paper's claims on the CPU grid\n\n" + claims_md))
+    files.append(write_text(tab("claims.md"), "### The paper's claims on the CPU grid\n\n" + claims_md, out))
+    files += figures.forest(results, fig("forest"), formats=formats)
+    post_list, post_pairs = claims_mod.load_claims(claims_mod.POSTHOC_FILE)
+    posthoc = claims_mod.evaluate(summary, post_list, post_pairs)
+    posthoc_md = claims_mod.render(posthoc, posthoc=True)
+    files.append(write_text(tab("posthoc.md"), "### Post-hoc readings of the CPU grid (not planned)\n\n" + posthoc_md,
+                            out))  # fmt: skip
     if readme is not None:
-        block = readme_block(claims_md, fig_dir, readme, len(summary), sorted(summary["sweep"].unique()))
+        block = readme_block(claims_md, fig_dir, readme, n_distinct, sweeps)
         if rewrite_readme(readme, block):
             files.append(readme)
         else:
             say(f"note: {readme} has no {START} / {END} markers; README not changed")
-    return {"files": files, "status": report, "claims": results, "issues": rs.issues}
+    page = report_mod.render_report(
+        out, claims_md, posthoc_md, [f for f in files if f.suffix == ".png" and f.parent == fig_dir],
+        [f for f in files if f.suffix == ".md" and f.parent == tab_dir],
+        report, rs.issues, n_distinct, len(rs.runs), excluded or _excluded_counts(rs), not_tabled,
+    )  # fmt: skip
+    files.append(write_text(inside(out / "report.html", out), page, out))
+    return {"files": files, "status": report, "claims": results, "posthoc": posthoc, "issues": rs.issues,
+            "summary": summary}  # fmt: skip
+
+
+def _excluded_counts(rs: RunSet) -> dict[str, int]:
+    runs = rs.runs
+    if not len(runs):
+        return {}
+    kinds = runs.loc[~runs["included"], "state"].map(lambda st: "copy" if str(st).startswith("copy") else str(st))
+    return {k: int(v) for k, v in kinds.value_counts().sort_index().items()}
 
 
 def main(argv=None) -> int:
@@ -189,19 +285,28 @@ def main(argv=None) -> int:
         prog="python -m analysis.make_all", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--runs", type=Path, default=RUNS_ROOT, help="results folder <runs>/<sweep>/<run_id>/")
-    p.add_argument("--out", type=Path, default=OUT_ROOT, help="writes <out>/tables and <out>/figures")
+    p.add_argument("--out", type=Path, default=OUT_ROOT, help="writes <out>/tables, <out>/figures, <out>/report.html")
     p.add_argument("--readme", type=Path, help="README to update (default: the repo's, when --out is the default)")
     p.add_argument("--no-readme", action="store_true", help="do not touch any README")
     p.add_argument("--format", nargs="+", default=["png"], choices=["png", "pdf", "svg"], help="figure formats")
-    p.add_argument("--sweeps-dir", type=Path, help="sweep files, for the missing-runs listing (default sweeps/)")
+    p.add_argument("--sweeps-dir", type=Path, help="sweep files (default sweeps/): shared runs and missing runs")
     p.add_argument("--presets-dir", type=Path, help="preset files (default sweeps/presets/)")
     a = p.parse_args(argv)
-    if not a.runs.exists():
+    if not a.runs.is_dir():
         print(f"error: --runs {a.runs}: no such folder", file=sys.stderr)
+        return 2
+    try:
+        check_out(a.out)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     readme = None if a.no_readme else a.readme or (README if a.out.resolve() == OUT_ROOT.resolve() else None)
     t0 = time.perf_counter()
-    res = make_all(a.runs, a.out, readme, tuple(a.format), a.sweeps_dir, a.presets_dir)
+    try:
+        res = make_all(a.runs, a.out, readme, tuple(a.format), a.sweeps_dir, a.presets_dir)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     verdicts = ", ".join(f"{r['claim'].id}: {r['verdict']}" for r in res["claims"])
     print(f"claims: {verdicts}")
     print(f"wrote {len(res['files'])} files under {a.out} in {time.perf_counter() - t0:.1f} s")

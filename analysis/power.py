@@ -52,7 +52,8 @@ def power_paired(n: int, sd: float, effect: float, alpha: float = 0.05, contrast
     df = n - 1
     crit = sps.t.ppf(1 - alpha / contrasts / 2, df)
     nc = abs(effect) / sd * math.sqrt(n)
-    return float(sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc))
+    # P(T < -crit) written as P(T' > crit), T' noncentral t at -nc: scipy's cdf is NaN in that far tail
+    return float(sps.nct.sf(crit, df, nc) + sps.nct.sf(crit, df, -nc))
 
 
 def n_paired(sd: float, effect: float, alpha: float = 0.05, power: float = 0.8, contrasts: int = 1) -> int:
@@ -72,7 +73,10 @@ def n_paired(sd: float, effect: float, alpha: float = 0.05, power: float = 0.8, 
 def mde(n: int, sd: float, alpha: float = 0.05, power: float = 0.8, contrasts: int = 1) -> float:
     """Smallest |effect| the paired t-test over ``n`` pairs detects with ``power`` (the inverse of n_paired)."""
     _check_design(sd, 1.0, alpha, contrasts)
-    return float(optimize.brentq(lambda e: power_paired(n, sd, e, alpha, contrasts) - power, 1e-9 * sd, 100 * sd))
+    hi = sd
+    while power_paired(n, sd, hi, alpha, contrasts) < power:
+        hi *= 2
+    return float(optimize.brentq(lambda e: power_paired(n, sd, e, alpha, contrasts) - power, 1e-9 * sd, hi))
 
 
 def t_interval(values, level: float = 0.95) -> tuple[float, float, float, int]:
@@ -287,8 +291,12 @@ def candidate_readout(runs: list[RunStats], regime: dict, name: str, expected: i
         d_pos, w_pos = dose_matched_width(pos, 1, loss)
         d_neg, w_neg = dose_matched_width(neg, -1, loss)
         out["dose_per_token"] = out["clip_frac"] * (d_pos + d_neg) / (pos.sum() + neg.sum())
-        out["widen_dose"] = {"w_pos": w_pos, "w_neg": w_neg, "eps_high": round(loss.eps_high + w_pos, 3),
-                             "eps_low": round(loss.eps_low + w_neg, 3)}
+        out["widen_dose"] = {
+            "w_pos": w_pos,
+            "w_neg": w_neg,
+            "eps_high": round(loss.eps_high + w_pos, 3),
+            "eps_low": round(loss.eps_low + w_neg, 3),
+        }
     diffs = [_paired(nsr_runs, hard, "late_pass1"), _paired(widen, hard, "late_pass1")]
     var = [np.var(d[np.isfinite(d)], ddof=1) for d in diffs if np.isfinite(d).sum() >= 2]
     out["spread"] = float(math.sqrt(np.mean(var))) if var else math.nan
@@ -344,9 +352,20 @@ def _fmt(v) -> str:
 
 
 def print_readout(out: dict) -> None:
-    keys = ["runs", "done", "reach_pos", "reach_neg", "clip_frac", "widen_minus_hard_primary",
-            "widen_minus_hard_reward_auc", "hard_late_pass1", "hard_gain", "grad_clip_share", "dose_per_token",
-            "spread"]
+    keys = [
+        "runs",
+        "done",
+        "reach_pos",
+        "reach_neg",
+        "clip_frac",
+        "widen_minus_hard_primary",
+        "widen_minus_hard_reward_auc",
+        "hard_late_pass1",
+        "hard_gain",
+        "grad_clip_share",
+        "dose_per_token",
+        "spread",
+    ]
     names = list(out["candidates"])
     print("| measure | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
@@ -385,8 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd in (None, "table"):
             alpha, power = (a.alpha, a.power) if a.cmd else (0.05, 0.8)
-            print(f"Pairs per arm, paired two-sided t-test, power {power:g}, family alpha {alpha:g} "
-                  "(m contrasts: alpha / m, Holm's first step)\n")
+            print(
+                f"Pairs per arm, paired two-sided t-test, power {power:g}, family alpha {alpha:g} "
+                "(m contrasts: alpha / m, Holm's first step)\n"
+            )
             print(plan_table(alpha=alpha, power=power))
         elif a.cmd == "n":
             print(n_paired(a.sd, a.effect, a.alpha, a.power, a.contrasts))

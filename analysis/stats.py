@@ -1,22 +1,32 @@
-"""Statistics the tables, figures and claims share: unbiased pass@k, seeded bootstrap CIs, paired differences.
+"""Statistics the tables, figures and claims share: the unbiased pass@k, the one interval rule, Holm, power.
 
-Every random draw comes from an explicit ``torch.Generator`` seeded by the caller (default 0), so the same inputs
-always give the same intervals. The bootstrap is the plain percentile bootstrap over seeds (runs), the unit of
-replication of an RL experiment; with 3-5 seeds it is optimistic (too narrow), which the claims rule offsets by
-requiring a minimum number of pairs (analysis/claims.yaml ``min_pairs``).
+The unit of replication is the seed (one RL run). With 3-5 seeds per arm, every interval in this package (table
+cells, figure bands, forest plot, claims) comes from one function, :func:`interval`: the Student-t 95% interval of
+a mean, applied to per-seed values or to same-seed paired differences. (A percentile bootstrap over 3 seeds never
+leaves the range of the data and excludes 0 whenever all three share a sign; it is not used.)
+
+Planned comparisons of one claim are decided with Holm's step-down correction (:func:`holm`) on the t-test
+p-values; a comparison that is not significant is "not reproduced at this scale" only when the test had power
+:data:`POWER_TARGET` to see the claim's smallest effect of interest (:func:`power`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
+from fractions import Fraction
 
 import numpy as np
-import torch
+from scipy import stats as sps
 
-N_BOOT = 10_000
-"""Resamples for a scalar CI."""
 LEVEL = 0.95
+ALPHA = 1 - LEVEL
+POWER_TARGET = 0.8
+
+
+# ------------------------------------------------------------------------------------------------ pass@k
+def _pass_exact(n: int, c: int, k: int) -> float:
+    """1 - C(n - c, k) / C(n, k) as the float nearest the exact fraction."""
+    return float(1 - Fraction(math.comb(n - c, k), math.comb(n, k)))
 
 
 def pass_at_k(n, c, k: int) -> np.ndarray:
@@ -26,12 +36,12 @@ def pass_at_k(n, c, k: int) -> np.ndarray:
         n: (P,) samples drawn per problem; c: (P,) correct samples among them; k: samples per attempt.
 
     Returns:
-        (P,) float; NaN where n < k. Computed as 1 - prod_{i=n-c+1}^{n} (1 - k / i) through a table of cumulative
-        log terms, so it is vectorised and exact to float rounding for any n.
+        (P,) float; NaN where n < k. Each value is the float nearest the exact fraction (integer binomials,
+        computed once per distinct (n, c) pair, of which there are few: n is the samples per problem).
     """
     n = np.asarray(n, dtype=np.int64)
     c = np.asarray(c, dtype=np.int64)
-    if k < 1:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k={k!r} is not valid; allowed: an integer >= 1")
     if np.any(c < 0) or np.any(c > n):
         raise ValueError("pass_at_k needs 0 <= c <= n for every problem")
@@ -39,14 +49,9 @@ def pass_at_k(n, c, k: int) -> np.ndarray:
     ok = n >= k
     if not ok.any():
         return out
-    top = int(n[ok].max())
-    i = np.arange(k + 1, top + 1, dtype=np.float64)
-    # table[m] = sum_{i=k+1}^{m} log(1 - k / i) for m >= k (0 for m <= k)
-    table = np.zeros(top + 1)
-    table[k + 1 :] = np.cumsum(np.log1p(-k / i))
-    fail = n - c  # incorrect samples
-    all_fail = np.exp(table[n[ok]] - table[np.maximum(fail[ok], k)])  # P(all k drawn samples are incorrect)
-    out[ok] = np.where(fail[ok] < k, 1.0, 1.0 - all_fail)
+    pairs, inverse = np.unique(np.stack([n[ok], c[ok]], axis=-1), axis=0, return_inverse=True)
+    values = np.array([_pass_exact(int(a), int(b), int(k)) for a, b in pairs])
+    out[ok] = values[inverse.reshape(-1)]
     return out
 
 
@@ -58,119 +63,81 @@ def pass_k_values(n: int) -> list[int]:
     return ks + [n] if n > 1 else ks
 
 
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(int(seed))
+# ------------------------------------------------------------------------------------------------ the interval
+def t_quantile(level: float, df) -> np.ndarray | float:
+    """t such that P(|T| <= t) = level for Student's t with ``df`` degrees of freedom (scipy)."""
+    return sps.t.ppf(0.5 + level / 2, df)
 
 
-@functools.lru_cache(maxsize=64)
-def resample_weights(n: int, n_boot: int, seed: int = 0) -> np.ndarray:
-    """(n_boot, n) weights of a bootstrap over n units: row b = counts of each unit in resample b, divided by n.
+def interval(values, level: float = LEVEL, axis: int = 0):
+    """THE interval rule: mean and Student-t ``level`` interval of the mean over the finite entries.
 
-    Cached (read-only): every statistic over n seeds with the same seed reuses the same resamples.
+    Args:
+        values: (n,) per-seed values or same-seed paired differences; or (n, T) one row per seed (figure bands:
+            one interval per column, over the seeds that have a value there).
+
+    Returns:
+        (mean, lo, hi, n): floats for 1-d input, (T,) arrays for 2-d. lo = hi = NaN where fewer than 2 values
+        (no interval from one seed).
     """
-    idx = torch.randint(0, n, (n_boot, n), generator=_generator(seed))
-    counts = torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(
-        1, idx, torch.ones(n_boot, n, dtype=torch.float64)
-    )
-    w = (counts / n).numpy()
-    w.flags.writeable = False
-    return w
+    x = np.asarray(values, dtype=np.float64)
+    x = np.moveaxis(x, axis, 0) if x.ndim > 1 else x
+    ok = np.isfinite(x)
+    n = ok.sum(0)
+    x0 = np.where(ok, x, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = x0.sum(0) / n
+        var = (np.where(ok, x - mean, 0.0) ** 2).sum(0) / (n - 1)
+        half = t_quantile(level, np.maximum(n - 1, 1)) * np.sqrt(var / n)
+    half = np.where(n >= 2, half, np.nan)
+    lo, hi = mean - half, mean + half
+    if x.ndim <= 1:
+        return float(mean), float(lo), float(hi), int(n)
+    return mean, lo, hi, n
 
 
-def _finite(values) -> tuple[np.ndarray, int, float]:
-    """The finite values, their count and mean (NaN when none)."""
+def t_test(values, null: float = 0.0) -> float:
+    """Two-sided p-value of the one-sample t-test of mean = ``null`` (finite entries); NaN below 2 values;
+    0 or 1 for zero-variance samples (the mean is off the null, or on it)."""
     x = np.asarray(values, dtype=np.float64)
     x = x[np.isfinite(x)]
-    n = len(x)
-    return x, n, (float(x.mean()) if n else float("nan"))
+    if len(x) < 2:
+        return math.nan
+    sd = float(x.std(ddof=1))
+    if sd == 0:
+        return 0.0 if x.mean() != null else 1.0
+    t = (x.mean() - null) / (sd / math.sqrt(len(x)))
+    return float(2 * sps.t.sf(abs(t), len(x) - 1))
 
 
-def bootstrap_ci(
-    values, *, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
-) -> tuple[float, float, float, int]:
-    """Mean and percentile-bootstrap CI of the mean over the finite entries of ``values``.
-
-    Args:
-        values: (n,) numbers (NaN entries are dropped).
-
-    Returns:
-        (mean, lo, hi, n); lo = hi = NaN when fewer than 2 values (no interval from one seed).
-    """
-    x, n, mean = _finite(values)
-    if n < 2:  # no interval from fewer than 2 values
-        return mean, float("nan"), float("nan"), n
-    means = resample_weights(n, n_boot, seed) @ x
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(means, [alpha, 1 - alpha])
-    return mean, float(lo), float(hi), n
+def holm(pvalues) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error over the given tests); NaN entries stay NaN and are
+    not counted in the family."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    idx = np.flatnonzero(np.isfinite(p))
+    m = len(idx)
+    order = idx[np.argsort(p[idx], kind="stable")]
+    running = 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        out[j] = running
+    return out
 
 
-def bootstrap_band(curves, *, n_boot: int = 400, level: float = LEVEL, seed: int = 0):
-    """Mean curve and pointwise percentile-bootstrap band over seeds.
-
-    Args:
-        curves: (S, T) one curve per seed on a shared grid; NaN where a run has no value (e.g. it is shorter).
-
-    Returns:
-        (mean, lo, hi), each (T,). The same resamples serve every column; with S < 2, lo = hi = mean.
-    """
-    X = np.asarray(curves, dtype=np.float64)
-    present = np.isfinite(X)
-    X0 = np.where(present, X, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = X0.sum(0) / present.sum(0)
-        S = X.shape[0]
-        if S < 2:
-            return mean, mean.copy(), mean.copy()
-        W = resample_weights(S, n_boot, seed)
-        boot = (W @ X0) / (W @ present)  # (n_boot, T): each resample's mean over the seeds present at t
-    alpha = (1 - level) / 2
-    lo, hi = np.full_like(mean, np.nan), np.full_like(mean, np.nan)
-    full = np.isfinite(boot).all(0)  # columns every resample covers (plain quantile: fast)
-    lo[full], hi[full] = np.quantile(boot[:, full], [alpha, 1 - alpha], axis=0)
-    part = ~full & np.isfinite(boot).any(0)  # columns where some resamples drew only absent seeds
-    if part.any():
-        lo[part], hi[part] = np.nanquantile(boot[:, part], [alpha, 1 - alpha], axis=0)
-    return mean, lo, hi
-
-
-def _t_abs_cdf(t: float, df: int) -> float:
-    """P(|T| <= t) for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3 / 26.7.4, exact)."""
-    theta = math.atan(t / math.sqrt(df))
-    s, c2 = math.sin(theta), math.cos(theta) ** 2
-    if df % 2 == 1:
-        term, total = math.cos(theta), 0.0
-        for j in range(1, (df - 1) // 2 + 1):  # cos + (2/3) cos^3 + (2*4)/(3*5) cos^5 + ...
-            total += term
-            term *= c2 * (2 * j) / (2 * j + 1)
-        return (2 / math.pi) * (theta + s * total) if df > 1 else 2 * theta / math.pi
-    term, total = 1.0, 0.0
-    for j in range(1, df // 2 + 1):  # 1 + (1/2) cos^2 + (1*3)/(2*4) cos^4 + ...
-        total += term
-        term *= c2 * (2 * j - 1) / (2 * j)
-    return s * total
-
-
-def t_quantile(level: float, df: int) -> float:
-    """t such that P(|T| <= t) = level, T ~ Student(df); bisection on the exact CDF."""
-    lo, hi = 0.0, 1e6
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _t_abs_cdf(mid, df) < level else (lo, mid)
-    return (lo + hi) / 2
-
-
-def t_interval(values, level: float = LEVEL) -> tuple[float, float, float, int]:
-    """Mean and Student-t CI of the mean (finite entries); lo = hi = NaN below 2 values.
-
-    At 3-5 seeds this is the honest interval: a percentile bootstrap never leaves the range of the data, so with
-    3 seeds it excludes 0 whenever all three values share a sign (1 chance in 4 when there is no effect).
-    """
-    x, n, mean = _finite(values)
-    if n < 2:  # no interval from fewer than 2 values
-        return mean, float("nan"), float("nan"), n
-    half = t_quantile(level, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
-    return mean, mean - half, mean + half, n
+def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided one-sample t-test at level ``alpha`` to detect a true mean ``effect`` when the
+    differences have standard deviation ``sd`` over ``n`` seeds (noncentral t). NaN below 2 seeds or sd not > 0."""
+    if n < 2 or not np.isfinite(sd) or sd <= 0 or not np.isfinite(effect):
+        return math.nan
+    df = n - 1
+    crit = sps.t.ppf(1 - alpha / 2, df)
+    nc = abs(effect) / (sd / math.sqrt(n))
+    upper, lower = float(sps.nct.sf(crit, df, nc)), float(sps.nct.cdf(-crit, df, nc))
+    # scipy's noncentral t returns NaN deep in a tail it cannot resolve (nc in the tens): that tail is ~0 or ~1
+    upper = upper if np.isfinite(upper) else 1.0
+    lower = lower if np.isfinite(lower) else 0.0
+    return min(1.0, upper + lower)
 
 
 def paired_differences(a: dict, b: dict) -> tuple[np.ndarray, list]:

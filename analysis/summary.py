@@ -26,6 +26,8 @@ from nsr.registry import Registry
 
 FINAL_FRACTION = 0.05
 ID_COLUMNS = ["run", "sweep", "run_id", "label", "arm", "seed", "baseline", "point"]
+"""One summary row per (sweep, run): ``run`` is the run's key (its folder's sweep/run_id), ``sweep`` and
+``run_id`` the sweep it is counted in and its id there."""
 STEP_METRICS: Registry = Registry("metric")
 
 
@@ -86,15 +88,65 @@ def final_entropy(df: pd.DataFrame) -> float:
     return _final(_col(df, "entropy"))
 
 
+SPIKE_WINDOW = 0.1
+"""Window of the spike metric, as a fraction of the run's steps (at least 5 steps)."""
+SPIKE_RISE = math.log(1.5)
+"""Smallest rise of log entropy inside the window that is a spike (entropy up by half)."""
+SPIKE_REWARD_FALL = 0.05
+"""Smallest fall of the training reward inside the window that goes with a spike."""
+
+
+def _window_extreme(x: np.ndarray, w: int, fn) -> np.ndarray:
+    """fn (np.fmin / np.fmax) over the trailing window [t - w, t] of every t (NaN-aware)."""
+    out = x.copy()
+    for lag in range(1, w + 1):
+        out[lag:] = fn(out[lag:], x[:-lag])
+    return out
+
+
+def spike_trace(entropy: np.ndarray, reward: np.ndarray) -> np.ndarray:
+    """Per step: the rise of log entropy above its minimum in the trailing window where that rise is a spike
+    (>= SPIKE_RISE, with the reward down >= SPIKE_REWARD_FALL from its maximum in the same window), else 0.
+    Both series are first smoothed over the final window (5% of the run)."""
+    h, r = _smooth(np.asarray(entropy, dtype=np.float64)), _smooth(np.asarray(reward, dtype=np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        logh = np.log(np.where(h > 0, h, np.nan))
+    w = max(5, math.ceil(SPIKE_WINDOW * len(h)))
+    rise = logh - _window_extreme(logh, w, np.fmin)
+    fall = _window_extreme(r, w, np.fmax) - r
+    spike = (rise >= SPIKE_RISE) & (fall >= SPIKE_REWARD_FALL)
+    return np.where(spike, rise, 0.0)
+
+
 @STEP_METRICS.register("entropy_spike")
 def entropy_spike(df: pd.DataFrame) -> float:
-    """Largest rise of the (moving-average) entropy above its running minimum: 0 for a monotone collapse, large
-    when entropy rebounds (the spikes the paper says NSR avoids)."""
-    s = _smooth(_col(df, "entropy"))
-    if not np.isfinite(s).any():
+    """Largest entropy spike, in log units (0.69 = entropy doubled): a rise of log entropy by >= log 1.5 above its
+    minimum within a trailing window of 10% of the run, while the training reward fell by >= 0.05 in that window;
+    0 when there is none. A steady drift, noise at low entropy, or a rise while the reward holds is not a spike."""
+    h, r = _col(df, "entropy"), _col(df, "reward_mean")
+    if not (np.isfinite(h) & (h > 0)).any() or not np.isfinite(r).any():
         return float("nan")
-    run_min = np.fmin.accumulate(s)
-    return float(np.nanmax(s - run_min))
+    return float(spike_trace(h, r).max())
+
+
+@STEP_METRICS.register("spike_steps")
+def spike_steps(df: pd.DataFrame) -> float:
+    """Steps inside an entropy spike (see entropy_spike), as a fraction of the run."""
+    h, r = _col(df, "entropy"), _col(df, "reward_mean")
+    if not (np.isfinite(h) & (h > 0)).any() or not np.isfinite(r).any():
+        return float("nan")
+    return float((spike_trace(h, r) > 0).mean())
+
+
+@STEP_METRICS.register("entropy_rise")
+def entropy_rise(df: pd.DataFrame) -> float:
+    """log(final entropy) - log(minimum of the smoothed entropy): a rise late in training, whatever the reward did."""
+    h = _smooth(_col(df, "entropy"))
+    fin = final_entropy(df)
+    ok = np.isfinite(h) & (h > 0)
+    if not ok.any() or not np.isfinite(fin) or fin <= 0:
+        return float("nan")
+    return float(np.log(fin) - np.log(h[ok].min()))
 
 
 def _mean_metric(name: str):
@@ -138,9 +190,14 @@ def eval_curves(counts: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, axis=1).reset_index()
 
 
+LATE_FRACTION = 0.5
+"""``late_pass@1``: mean over the evaluations in the last half of training (steps >= half the last eval step)."""
+
+
 def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
     """Per run: eval metrics at its last eval step, averaged over benchmarks, plus ``metric[benchmark]`` columns
-    per benchmark; ``eval_step`` is that step."""
+    per benchmark; ``eval_step`` is that step; ``late_pass@1`` (and ``late_greedy``) is the mean over the evals in
+    the last half of training, which jumps less from checkpoint to checkpoint than the final value."""
     if not len(curves):
         return pd.DataFrame(columns=["run", "eval_step"])
     last = curves.groupby("run")["step"].transform("max")
@@ -148,6 +205,14 @@ def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
     metrics = [c for c in fin.columns if c not in ("run", "step", "benchmark")]
     out = fin.groupby("run")[metrics].mean()
     out.insert(0, "eval_step", fin.groupby("run")["step"].max())
+    late = curves[curves["step"] >= LATE_FRACTION * last]
+    late_cols = [m for m in ("pass@1", "greedy") if m in late.columns]
+    if late_cols:
+        per_step = late.groupby(["run", "step"])[late_cols].mean()
+        agg = per_step.groupby("run").mean()
+        agg.columns = [f"late_{m}" for m in late_cols]
+        out = out.join(agg)
+        out["late_evals"] = per_step.groupby("run").size()
     wide = fin.pivot_table(index="run", columns="benchmark", values=metrics, aggfunc="mean", dropna=False)
     wide.columns = [f"{m}[{b}]" for m, b in wide.columns]
     out = out.join(wide)
@@ -155,22 +220,24 @@ def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(rs: RunSet, with_eval: bool = True) -> pd.DataFrame:
-    """One row per included run: ID_COLUMNS, every STEP_METRICS entry, n_steps, and the final eval metrics."""
-    runs = rs.included
+    """One row per (sweep, included run) of ``rs.members``: ID_COLUMNS, every STEP_METRICS entry, n_steps, and the
+    final eval metrics. A run shared by several sweeps is computed once and appears once in each sweep."""
+    runs = list(dict.fromkeys(rs.members["run"])) if len(rs.members) else []
     groups = dict(tuple(rs.steps.groupby("run", sort=False))) if len(rs.steps) else {}
     rows = []
-    for rec in runs.itertuples(index=False):
-        df = groups.get(rec.run, pd.DataFrame())
-        row = {c: getattr(rec, c) for c in ID_COLUMNS}
-        row["n_steps"] = len(df)
+    for run in runs:
+        df = groups.get(run, pd.DataFrame())
+        row = {"run": run, "n_steps": len(df)}
         for name, fn in STEP_METRICS.items():
             row[name] = fn(df) if len(df) else float("nan")
         rows.append(row)
-    out = pd.DataFrame(rows, columns=[*ID_COLUMNS, "n_steps", *STEP_METRICS])
-    if with_eval and len(out):
+    per_run = pd.DataFrame(rows, columns=["run", "n_steps", *STEP_METRICS])
+    if with_eval and len(per_run):
         fe = final_eval(eval_curves(rs.eval_counts()))
-        out = out.merge(fe, on="run", how="left")
-    return out
+        per_run = per_run.merge(fe, on="run", how="left")
+    members = rs.members if len(rs.members) else pd.DataFrame(columns=ID_COLUMNS)
+    out = members[[c for c in ID_COLUMNS if c in members.columns]].merge(per_run, on="run", how="left")
+    return out.reset_index(drop=True)
 
 
 def metric_doc(name: str) -> str:
@@ -179,6 +246,8 @@ def metric_doc(name: str) -> str:
         return (STEP_METRICS[name].__doc__ or name).split("\n")[0].strip()
     if name.startswith("pass@"):
         return f"unbiased {name.split('[')[0]} at the last eval step (sampled decoding), mean over problems"
+    if name.startswith("late_"):
+        return f"{name[5:]} averaged over the evals in the last half of training (less checkpoint-to-checkpoint noise)"
     if name.startswith("greedy"):
         return "greedy-decoding accuracy at the last eval step"
     return name

@@ -38,7 +38,7 @@ class ArmSpec:
     skill: float = 0.0
     """Log-odds added to every problem's solve rate by the end of training (the arm's true effect)."""
     entropy_spikes: int = 0
-    """Entropy rebounds injected into the run (a collapse-prone arm)."""
+    """Entropy rebounds injected into the run, each with a fall in reward (a collapse-prone arm)."""
     rescue: float = 0.0
     """Mean rescue_frac (0 for rules that do not rescue)."""
 
@@ -65,7 +65,9 @@ def metrics_rows(spec: ArmSpec, seed: int, steps: int, key: str) -> list[dict]:
     entropy = 0.05 + 0.45 * np.exp(-t / (0.3 * steps)) + 0.01 * _normal(g, steps)
     for c in range(spec.entropy_spikes):
         centre = steps * (0.3 + 0.5 * c / max(1, spec.entropy_spikes))
-        entropy += 0.3 * np.exp(-0.5 * ((t - centre) / (0.02 * steps + 1)) ** 2)
+        bump = np.exp(-0.5 * ((t - centre) / (0.02 * steps + 1)) ** 2)
+        entropy += 0.3 * bump
+        reward -= 0.15 * bump  # a spike comes with a fall in reward (what analysis.summary.entropy_spike counts)
     clip_low = np.abs(0.015 * (1 - 0.5 * prog) + 0.002 * _normal(g, steps))
     clip_high = np.abs(0.02 * (1 - 0.5 * prog) + 0.002 * _normal(g, steps))
     rescue = np.abs(spec.rescue * (1 - 0.5 * prog) + 0.1 * spec.rescue * _normal(g, steps))

@@ -1,5 +1,5 @@
-"""Tables: per sweep, arms x metrics with seed-level 95% bootstrap CIs, paired differences vs the baseline arm,
-and for ``main`` the paper's reported numbers side by side (results/paper/main.csv). Markdown and LaTeX.
+"""Tables: per sweep, arms x metrics with seed-level 95% Student-t intervals (analysis.stats.interval, the one
+interval rule of tables, figures and claims), paired differences vs the baseline arm, and for ``main`` the paper's reported numbers side by side (results/paper/main.csv). Markdown and LaTeX.
 
     from analysis import load, summary, tables
     s = summary.summarize(load.load_runs())
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.stats import bootstrap_ci, paired_differences
+from analysis.stats import interval, paired_differences
 from analysis.summary import metric_doc
 from experiments.rundir import REPO_ROOT
 
@@ -30,11 +30,14 @@ PAPER_DIR = REPO_ROOT / "results" / "paper"
 TABLE_METRICS = (
     "final_reward",
     "best_reward",
+    "late_pass@1",
     "pass@1",
     "pass@K",
     "greedy",
     "final_entropy",
-    "clip_frac",
+    "entropy_spike",
+    "clip_frac_low",
+    "clip_frac_high",
     "rescue_frac",
     "pushout_frac",
 )
@@ -52,7 +55,7 @@ def label_order(s: pd.DataFrame) -> list[str]:
         return []
     base = baseline_arm(s)
     arm_rank = {a: i for i, a in enumerate(dict.fromkeys(s["arm"]))}
-    firsts = s.drop_duplicates("label")
+    firsts = s[["label", "arm", "point"]].drop_duplicates("label")
     keyed = sorted(
         firsts.itertuples(index=False),
         key=lambda r: (r.arm != base, arm_rank[r.arm], _point_key(r.point)),
@@ -68,8 +71,8 @@ def baseline_arm(s: pd.DataFrame) -> str | None:
 
 def label_points(s: pd.DataFrame) -> dict[str, tuple[str, dict]]:
     """{label: (arm, point)}."""
-    first = s.drop_duplicates("label")
-    return {r.label: (r.arm, r.point) for r in first.itertuples(index=False)}
+    first = s[["label", "arm", "point"]].drop_duplicates("label")
+    return {lab: (arm, pt) for lab, arm, pt in zip(first["label"], first["arm"], first["point"])}
 
 
 def _same(u, v) -> bool:
@@ -92,8 +95,8 @@ def select_labels(s: pd.DataFrame, arm: str, point: dict | None = None) -> list[
 def counterparts(s: pd.DataFrame, label: str, arm: str, point: dict | None = None, ignore=()) -> list[str]:
     """Labels of ``arm`` (containing ``point``) whose grid point agrees with ``label``'s on every shared key but
     those in ``ignore`` (the keys a comparison sets on purpose)."""
-    p = label_points(s)[label][1]
     pts = label_points(s)
+    p = pts[label][1]
     return [
         lab
         for lab in select_labels(s, arm, point)
@@ -112,35 +115,35 @@ def resolve_k(s: pd.DataFrame) -> str | None:
 
 
 def table_metrics(s: pd.DataFrame, metrics=TABLE_METRICS) -> list[str]:
-    """Metric columns to show: ``pass@K`` resolved; columns with no value, and all-zero pushout_frac, dropped."""
+    """Metric columns to show: ``pass@K`` resolved; columns with no value, or one value in every run, dropped."""
     out = []
     for m in metrics:
         if m == "pass@K":
             m = resolve_k(s)
         if m is None or m not in s.columns or s[m].isna().all():
             continue
-        if m == "pushout_frac" and not (s[m].fillna(0) != 0).any():
+        if s[m].dropna().nunique() < 2 and len(s) > 1:  # constant across the sweep: says nothing
             continue
         out.append(m)
     return out
 
 
 # ------------------------------------------------------------------------------------------- statistics
-def arm_stats(s: pd.DataFrame, metrics=None, seed: int = 0) -> pd.DataFrame:
-    """Mean and 95% bootstrap CI over seeds, per label and metric. Columns: label, arm, metric, mean, lo, hi, n."""
+def arm_stats(s: pd.DataFrame, metrics=None) -> pd.DataFrame:
+    """Mean and 95% t-interval over seeds, per label and metric. Columns: label, arm, metric, mean, lo, hi, n."""
     metrics = table_metrics(s) if metrics is None else list(metrics)
     rows = []
     for label in label_order(s):
         g = s[s["label"] == label]
         for m in metrics:
-            mean, lo, hi, n = bootstrap_ci(g[m].to_numpy(dtype=float), seed=seed)
+            mean, lo, hi, n = interval(g[m].to_numpy(dtype=float))
             rows.append(
                 {"label": label, "arm": g["arm"].iloc[0], "metric": m, "mean": mean, "lo": lo, "hi": hi, "n": n}
             )
     return pd.DataFrame(rows, columns=["label", "arm", "metric", "mean", "lo", "hi", "n"])
 
 
-def compare(s: pd.DataFrame, a: str, b: str, metric: str, seed: int = 0) -> dict:
+def compare(s: pd.DataFrame, a: str, b: str, metric: str) -> dict:
     """Paired difference a - b of ``metric`` between labels ``a`` and ``b`` over their common seeds.
 
     Returns:
@@ -149,7 +152,7 @@ def compare(s: pd.DataFrame, a: str, b: str, metric: str, seed: int = 0) -> dict
     va = dict(zip(s.loc[s["label"] == a, "seed"], s.loc[s["label"] == a, metric], strict=True))
     vb = dict(zip(s.loc[s["label"] == b, "seed"], s.loc[s["label"] == b, metric], strict=True))
     diffs, seeds = paired_differences(va, vb)
-    mean, lo, hi, n = bootstrap_ci(diffs, seed=seed)
+    mean, lo, hi, n = interval(diffs)
     return {
         "a": a,
         "b": b,
@@ -164,7 +167,7 @@ def compare(s: pd.DataFrame, a: str, b: str, metric: str, seed: int = 0) -> dict
     }
 
 
-def paired_vs_baseline(s: pd.DataFrame, metrics=None, seed: int = 0) -> pd.DataFrame:
+def paired_vs_baseline(s: pd.DataFrame, metrics=None) -> pd.DataFrame:
     """Paired differences of every non-baseline label vs its baseline counterpart (pairs by seed).
 
     Columns: label, vs, metric, mean, lo, hi, n. Empty when the sweep names no baseline arm.
@@ -180,7 +183,7 @@ def paired_vs_baseline(s: pd.DataFrame, metrics=None, seed: int = 0) -> pd.DataF
             if len(cps) != 1:
                 continue
             for m in metrics:
-                r = compare(s, label, cps[0], m, seed=seed)
+                r = compare(s, label, cps[0], m)
                 rows.append({"label": label, "vs": cps[0], **{k: r[k] for k in ("metric", "mean", "lo", "hi", "n")}})
     return pd.DataFrame(rows, columns=["label", "vs", "metric", "mean", "lo", "hi", "n"])
 
@@ -248,19 +251,19 @@ def latex(header: list[str], rows: list[list[str]], caption: str = "") -> str:
     )
 
 
-def sweep_tables(s: pd.DataFrame, sweep: str, seed: int = 0) -> dict[str, str]:
+def sweep_tables(s: pd.DataFrame, sweep: str) -> dict[str, str]:
     """{"md": markdown, "tex": LaTeX} for one sweep: the arm table, then the paired differences vs baseline."""
     g = s[s["sweep"] == sweep]
     metrics = table_metrics(g)
-    stats = arm_stats(g, metrics, seed=seed)
-    diffs = paired_vs_baseline(g, metrics, seed=seed)
+    stats = arm_stats(g, metrics)
+    diffs = paired_vs_baseline(g, metrics)
     base = baseline_arm(g)
     out = {}
     for kind in ("md", "tex"):
         is_tex = kind == "tex"
         cols, rows = _wide(stats, "label", is_tex, signif=False)
         parts = []
-        title = f"{sweep}: mean over seeds [95% bootstrap CI]"
+        title = f"{sweep}: mean over seeds [95% t-interval]"
         if is_tex:
             parts.append(latex(["arm", "seeds", *cols], rows, caption=title))
         else:
@@ -268,7 +271,10 @@ def sweep_tables(s: pd.DataFrame, sweep: str, seed: int = 0) -> dict[str, str]:
         if len(diffs):
             diffs = diffs.assign(pair=diffs["label"] + " − " + diffs["vs"])
             dcols, drows = _wide(diffs, "pair", is_tex, signif=True)
-            dtitle = f"{sweep}: paired difference vs baseline arm '{base}' (same seed), * = CI excludes 0"
+            dtitle = (
+                f"{sweep}: paired difference vs baseline arm '{base}' (same seed) [95% t-interval], "
+                "* = interval excludes 0 (unadjusted; the claims table applies Holm)"
+            )
             if is_tex:
                 parts.append(latex(["difference", "pairs", *[f"Δ {c}" for c in dcols]], drows, caption=dtitle))
             else:
@@ -297,7 +303,7 @@ BASES = {"token": "DAPO", "sequence": "GSPO"}
 """loss.level -> the base the paper names (method.md intervention 6)."""
 
 
-def _ours_main(s: pd.DataFrame, runs: pd.DataFrame, seed: int) -> pd.DataFrame:
+def _ours_main(s: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Our main-sweep numbers per (model, base, benchmark, metric): baseline, nsr, paired delta (percent)."""
     g = s[s["sweep"] == "main"]
     if not len(g):
@@ -316,7 +322,7 @@ def _ours_main(s: pd.DataFrame, runs: pd.DataFrame, seed: int) -> pd.DataFrame:
             if match is None:
                 continue
             metric, bench = match.groups()
-            r = compare(gg, nsr_labels[0], base_labels[0], col, seed=seed)
+            r = compare(gg, nsr_labels[0], base_labels[0], col)
             rows.append(
                 {
                     "model": str(model).rsplit("/", 1)[-1],
@@ -332,14 +338,14 @@ def _ours_main(s: pd.DataFrame, runs: pd.DataFrame, seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main_table(s: pd.DataFrame, runs: pd.DataFrame, paper: pd.DataFrame, seed: int = 0) -> dict[str, str]:
+def main_table(s: pd.DataFrame, runs: pd.DataFrame, paper: pd.DataFrame) -> dict[str, str]:
     """The paper's numbers next to ours (percent), matched on model, benchmark and metric (case-insensitive) and
     on the base (DAPO/GSPO) where the paper's row names one."""
     rows: list[dict] = [
         {"model": r.model, "base": r.base, "benchmark": r.benchmark, "metric": r.metric, "paper": r}
         for r in paper.itertuples(index=False)
     ]
-    for o in _ours_main(s, runs, seed).itertuples(index=False):
+    for o in _ours_main(s, runs).itertuples(index=False):
         want = (o.model.lower(), o.benchmark.lower(), o.metric.lower())
         match = next(
             (

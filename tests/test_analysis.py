@@ -21,6 +21,7 @@ import pytest
 
 from analysis import stats, tables
 from analysis.load import RunWarning, count_eval, load_runs, read_rows
+from analysis import summary
 from analysis.summary import STEP_METRICS, eval_curves, final_window, summarize
 
 FIXTURE = Path(__file__).parent / "fixtures" / "runs"
@@ -64,42 +65,50 @@ def test_pass_at_k_bad_input():
     assert stats.pass_k_values(12) == [1, 2, 4, 8, 12] and stats.pass_k_values(1) == [1]
 
 
-def test_bootstrap_ci_is_seeded_and_brackets_the_mean():
-    x = np.array([0.1, 0.4, 0.35, 0.2, 0.3])
-    a, b = stats.bootstrap_ci(x, seed=3), stats.bootstrap_ci(x, seed=3)
-    assert a == b
-    mean, lo, hi, n = a
-    assert mean == pytest.approx(x.mean()) and n == 5 and x.min() <= lo < mean < hi <= x.max()
-    y = np.linspace(0, 1, 20) ** 2
-    assert stats.bootstrap_ci(y, seed=4)[1:3] != stats.bootstrap_ci(y, seed=5)[1:3]  # another seed, other resamples
-    one = stats.bootstrap_ci([0.5, np.nan])
-    assert one[0] == 0.5 and np.isnan(one[1]) and one[3] == 1
-    assert stats.bootstrap_ci([])[3] == 0
+def test_pass_at_k_is_the_nearest_float_to_the_exact_fraction():
+    from fractions import Fraction
+
+    for n, c, k in [(4, 1, 2), (7, 3, 4), (16, 5, 8), (64, 9, 32)]:
+        exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+        assert stats.pass_at_k([n], [c], k)[0] == float(exact)
 
 
-def test_t_interval_uses_exact_student_quantiles():
+def test_interval_is_student_t_with_scipy_quantiles():
     for df, q in [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)]:
         assert stats.t_quantile(0.95, df) == pytest.approx(q, abs=1e-4)
-    assert stats.t_quantile(0.95, 2000) == pytest.approx(1.9612, abs=1e-3)
-    mean, lo, hi, n = stats.t_interval([1.0, 2.0, 3.0])
+    mean, lo, hi, n = stats.interval([1.0, 2.0, 3.0])
     assert (mean, n) == (2.0, 3) and hi - mean == pytest.approx(4.3027 * 1.0 / math.sqrt(3), abs=1e-4)
+    assert mean - lo == pytest.approx(hi - mean)
+    one = stats.interval([0.5, np.nan])
+    assert one[0] == 0.5 and np.isnan(one[1]) and one[3] == 1
+    assert stats.interval([])[3] == 0
 
 
-def test_small_samples_bootstrap_is_narrower_than_t():
-    # three same-sign differences: the percentile bootstrap never leaves [min, max] and excludes 0; t does not
-    d = [0.01, 0.5, 0.02]
-    _, blo, _, _ = stats.bootstrap_ci(d)
-    _, tlo, _, _ = stats.t_interval(d)
-    assert blo > 0 > tlo
+def test_interval_does_not_call_three_same_sign_values_significant():
+    # the percentile bootstrap (no longer used) excluded 0 whenever three differences shared a sign; t does not
+    _, lo, hi, _ = stats.interval([0.01, 0.5, 0.02])
+    assert lo < 0 < hi
 
 
-def test_bootstrap_band_handles_missing_seeds():
+def test_interval_per_column_equals_interval_per_seed_set():
     Y = np.array([[1.0, 2.0, np.nan], [3.0, 4.0, 5.0], [2.0, 3.0, 7.0]])
-    mean, lo, hi = stats.bootstrap_band(Y)
+    mean, lo, hi, n = stats.interval(Y, axis=0)
     np.testing.assert_allclose(mean, [2.0, 3.0, 6.0])
-    assert np.all(lo <= mean) and np.all(mean <= hi) and np.all(np.isfinite(lo))
-    m1, l1, h1 = stats.bootstrap_band(Y[:1])
-    np.testing.assert_array_equal(l1, m1)
+    for j in range(3):
+        assert (mean[j], lo[j], hi[j], n[j]) == pytest.approx(stats.interval(Y[:, j]))
+    m1, l1, h1, n1 = stats.interval(Y[:1], axis=0)
+    assert np.isnan(l1).all() and list(n1) == [1, 1, 0]
+
+
+def test_holm_and_power():
+    np.testing.assert_allclose(stats.holm([0.01, 0.04, 0.03, np.nan]), [0.03, 0.06, 0.06, np.nan])
+    assert stats.holm([0.5])[0] == 0.5
+    # power grows with the effect and the seeds; at effect 0 it is the level
+    assert stats.power(0.0 + 1e-12, 1.0, 5) == pytest.approx(0.05, abs=1e-3)
+    assert stats.power(0.02, 0.02, 5) < stats.power(0.02, 0.02, 10) < stats.power(0.04, 0.02, 10)
+    assert stats.power(1.0, 1.0, 10) == pytest.approx(0.803, abs=0.002)  # G*Power: one-sample t, d = 1, n = 10
+    assert np.isnan(stats.power(0.1, 0.0, 5)) and np.isnan(stats.power(0.1, 1.0, 1))
+    assert stats.t_test([1.0, 1.0, 1.0]) == 0.0 and stats.t_test([0.0, 0.0]) == 1.0
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -111,32 +120,30 @@ def test_broken_folders_are_listed_never_fatal():
         ("failed", "failed"),
         ("running", "running"),
         ("truncated", "truncated"),
+        ("truncated", "incomplete"),
         ("corrupt", "corrupt_lines"),
         ("noconfig", "no_config"),
         ("noeval", "no_eval"),
+        ("noeval", "incomplete"),
+        ("cuteval", "truncated"),
+        ("cuteval", "incomplete"),
     } <= kinds
     failed = next(i for i in rs.issues if i.kind == "failed")
     assert "loss is nan" in failed.message
     runs = rs.runs.set_index("run_id")
     assert not runs.filter(like="noconfig", axis=0).shape[0]  # no config: skipped, only listed
-    assert runs.loc[runs.index.str.startswith("failed"), "included"].item() is False
-    assert runs.loc[runs.index.str.startswith("running"), "included"].item() is False
-    steps = rs.steps.set_index("run")
-    assert list(steps.loc["broken/" + runs.index[runs.index.str.startswith("truncated")][0], "step"]) == [1, 2, 3, 4, 5]
-    assert list(steps.loc["broken/" + runs.index[runs.index.str.startswith("corrupt")][0], "step"]) == [
-        1,
-        2,
-        3,
-        4,
-        5,
-        6,
-    ]
-    # the eval file cut mid-stream: what was before the cut is used, and the cut is reported
-    with pytest.warns(RunWarning, match="cut short"):
-        counts = rs.eval_counts()
-    cut = counts[counts["run"].str.contains("cuteval")]
-    assert 0 < cut["n"].sum() < 40
-    assert ("cuteval", "truncated") in {(i.run_id.split("-")[0], i.kind) for i in rs.issues}
+    for name in ("failed", "running", "truncated", "cuteval", "noeval"):
+        assert runs.loc[runs.index.str.startswith(name), "included"].item() is False, name
+    assert runs.loc[runs.index.str.startswith("truncated"), "state"].item() == "incomplete"
+    assert "5 of 6 metric rows" in runs.loc[runs.index.str.startswith("truncated"), "problem"].item()
+    assert "final eval" in runs.loc[runs.index.str.startswith("cuteval"), "problem"].item()
+    # a corrupt line in the middle is reported, the run is complete (6 of 6 rows) and counted
+    corrupt = "broken/" + runs.index[runs.index.str.startswith("corrupt")][0]
+    assert list(rs.steps.set_index("run").loc[corrupt, "step"]) == [1, 2, 3, 4, 5, 6]
+    # excluded runs are in no frame the tables read
+    counted = set(rs.members["run"])
+    assert not any(r.startswith(("broken/truncated", "broken/cuteval", "broken/failed")) for r in counted)
+    assert set(rs.steps["run"]) <= counted and set(rs.eval_counts()["run"]) <= counted
 
 
 def test_states_select_partial_runs():
@@ -238,8 +245,8 @@ def test_summary_hand_values():
     # 6 steps -> the final window is the last step: reward 0.1 * 6 + 0.01 * seed + arm offset
     assert by.at[("hard", 0), "final_reward"] == pytest.approx(0.6)
     assert by.at[("nsr", 1), "final_reward"] == pytest.approx(0.66)
-    # hard's entropy 0.5 0.4 0.3 0.45 0.2 0.1 rises 0.15 above its running minimum; nsr and soft never rise
-    assert by.at[("hard", 2), "entropy_spike"] == pytest.approx(0.15)
+    # hard's entropy 0.5 0.4 0.3 0.45 0.2 0.1 rises by half while the reward keeps rising: not a spike
+    assert by.at[("hard", 2), "entropy_spike"] == 0
     assert by.at[("nsr", 0), "entropy_spike"] == 0 and by.at[("soft", 0), "entropy_spike"] == 0
     # hard seed 0 at step 6: problem 0 has 1 of 4 correct, problem 1 none; greedy right on problem 0 only
     assert by.at[("hard", 0), "pass@1"] == pytest.approx(1 / 8)
@@ -258,7 +265,9 @@ def test_paired_difference_pairs_by_seed():
     assert d.at[("nsr", "pass@1"), "n"] == 3 and d.at[("nsr", "pass@1"), "vs"] == "hard"
     assert d.at[("nsr", "final_reward"), "mean"] == pytest.approx(0.05)  # same seed offsets cancel exactly
     lo, hi = d.at[("nsr", "pass@1"), "lo"], d.at[("nsr", "pass@1"), "hi"]
-    assert 1 / 8 <= lo <= 5 / 24 <= hi <= 2 / 8
+    # the t-interval of the differences 2/8, 1/8, 2/8: mean 5/24, sd sqrt(1/192), t(0.975, 2) = 4.3027
+    half = 4.302653 * math.sqrt(1 / 192) / math.sqrt(3)
+    assert (lo, hi) == pytest.approx((5 / 24 - half, 5 / 24 + half), abs=1e-6)
     assert "soft" in d.index.get_level_values(0) and "hard" not in d.index.get_level_values(0)
 
 
@@ -337,13 +346,15 @@ def test_eval_samples_is_the_tidy_per_sample_frame():
 
 def test_runs_of_two_presets_are_kept_apart(tmp_path):
     src = next((FIXTURE / "rescue_vs_decay").glob("nsr-s0-*"))
-    for preset in ("tiny", "tiny-smoke"):
+    for i, preset in enumerate(("tiny", "tiny-smoke")):
         dst = tmp_path / "rescue_vs_decay" / f"{src.name}-{preset}"
         shutil.copytree(src, dst)
         cfg = (dst / "config.yaml").read_text().replace("preset: fixture", f"preset: {preset}")
+        cfg = cfg.replace("  n_prompts: ", f"  n_prompts: {i + 1}")  # another preset: another config (hash)
+        cfg = cfg.replace("run_hash: ", f"run_hash: {preset}-")
         (dst / "config.yaml").write_text(cfg.replace(f"run_id: {src.name}", f"run_id: {dst.name}"))
     rs = load_runs(tmp_path)
-    assert sorted(rs.runs["label"]) == ["nsr preset=tiny", "nsr preset=tiny-smoke"]
+    assert sorted(rs.members["label"]) == ["nsr preset=tiny", "nsr preset=tiny-smoke"]
 
 
 def test_ratio_bins_are_summed_per_run_and_drawn_against_the_theory(tmp_path):
@@ -373,3 +384,36 @@ def test_ratio_bins_are_summed_per_run_and_drawn_against_the_theory(tmp_path):
     assert files and files[0].stat().st_size > 0
     plain = figures.theory(tmp_path / "theory_plain")
     assert files[0].stat().st_size > plain[0].stat().st_size  # the second row was drawn
+
+
+# ------------------------------------------------------------------------------------------------ spike metric
+def _trace(entropy, reward):
+    return pd.DataFrame({"step": np.arange(1, len(entropy) + 1), "entropy": entropy, "reward_mean": reward})
+
+
+def _noise(n, scale, seed):
+    import torch
+
+    return scale * torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).numpy()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_spike_metric_on_synthetic_traces(seed):
+    n = 400
+    t = np.arange(n, dtype=np.float64)
+    reward_up = 0.2 + 0.3 * (1 - np.exp(-t / 100)) + _noise(n, 0.02, seed)
+    flat_reward = 0.5 + _noise(n, 0.02, seed + 10)
+    decay = 0.05 + 0.5 * np.exp(-t / 80)
+    jitter = np.exp(_noise(n, 0.1, seed + 20))  # 10% multiplicative noise at every step
+    spike = np.exp(np.log(3) * np.exp(-0.5 * ((t - 250) / 8) ** 2))  # entropy x3 around step 250
+    dip = 0.12 * np.exp(-0.5 * ((t - 250) / 12) ** 2)  # ... while the reward falls by 0.12
+    # a monotone collapse with noise: no spike
+    assert summary.entropy_spike(_trace(decay * jitter, reward_up)) == 0
+    # a steady upward drift (entropy x10 over the run) under random rewards: no spike
+    assert summary.entropy_spike(_trace(0.05 * np.exp(np.log(10) * t / n) * jitter, flat_reward)) == 0
+    # a real spike tied to a reward fall: about log 3
+    got = summary.entropy_spike(_trace(decay * spike * jitter, reward_up - dip))
+    assert math.log(1.5) <= got <= math.log(3) + 0.1  # smoothing over 20 steps takes some of the peak
+    assert 0 < summary.spike_steps(_trace(decay * spike * jitter, reward_up - dip)) < 0.15
+    # the same rise while the reward holds: not a spike
+    assert summary.entropy_spike(_trace(decay * spike * jitter, reward_up)) == 0

@@ -7,37 +7,37 @@ import pandas as pd
 import pytest
 
 from analysis import claims
-from analysis.claims import CONTRADICTS, INCONCLUSIVE, NO_DATA, SUPPORTS, Comparison, Side
+from analysis.claims import CONTRADICTS, INCONCLUSIVE, NO_DATA, NOT_REPRODUCED, SUPPORTS, Comparison, Side
 from analysis.summary import STEP_METRICS
 from sweeps import load_sweep
 
 
 @pytest.mark.parametrize(
-    "expect, lo, hi, margin, want",
+    "expect, mean, p_holm, power, want",
     [
-        ("greater", 0.01, 0.2, 0, SUPPORTS),
-        ("greater", -0.2, -0.01, 0, CONTRADICTS),
-        ("greater", -0.01, 0.2, 0, INCONCLUSIVE),
-        ("less", -0.2, -0.01, 0, SUPPORTS),
-        ("less", 0.01, 0.2, 0, CONTRADICTS),
-        ("less", -0.2, 0.01, 0, INCONCLUSIVE),
-        ("not_less", -0.01, 0.05, 0.02, SUPPORTS),  # at worst 0.01 below: within the 0.02 margin
-        ("not_less", -0.05, -0.03, 0.02, CONTRADICTS),  # surely more than 0.02 worse
-        ("not_less", -0.05, 0.01, 0.02, INCONCLUSIVE),
-        ("not_greater", -0.05, 0.005, 0.01, SUPPORTS),
-        ("not_greater", 0.02, 0.05, 0.01, CONTRADICTS),
-        ("not_greater", -0.05, 0.02, 0.01, INCONCLUSIVE),
+        ("greater", 0.05, 0.01, 0.9, SUPPORTS),
+        ("greater", -0.05, 0.01, 0.9, CONTRADICTS),
+        ("greater", 0.01, 0.30, 0.9, NOT_REPRODUCED),  # powered to see the sesoi, saw nothing
+        ("greater", 0.01, 0.30, 0.5, INCONCLUSIVE),  # not powered: no conclusion
+        ("less", -0.05, 0.01, 0.1, SUPPORTS),
+        ("less", 0.05, 0.01, 0.1, CONTRADICTS),
+        ("less", 0.0, 0.9, 0.95, NOT_REPRODUCED),
+        ("not_less", 0.0, 0.01, 0.9, SUPPORTS),  # the test is of mean = -margin; 0 is above it
+        ("not_less", -0.05, 0.01, 0.9, CONTRADICTS),
+        ("not_less", -0.01, 0.2, 0.99, INCONCLUSIVE),  # no-harm claims are never "not reproduced"
+        ("not_greater", 0.0, 0.01, 0.9, SUPPORTS),
+        ("not_greater", 0.05, 0.01, 0.9, CONTRADICTS),
     ],
 )
-def test_verdict_rule(expect, lo, hi, margin, want):
-    t = Comparison(Side("a", {}), Side("b", {}), "pass@1", expect, margin)
-    assert claims.verdict(t, lo, hi, 5, min_pairs=3) == want
+def test_verdict_rule(expect, mean, p_holm, power, want):
+    t = Comparison(Side("a", {}), Side("b", {}), "pass@1", expect, 0.02, 0.02)
+    assert claims.verdict(t, mean, p_holm, power, 5, min_pairs=3) == want
 
 
 def test_too_few_seeds_or_none():
-    t = Comparison(Side("a", {}), Side("b", {}), "pass@1", "greater")
-    assert claims.verdict(t, 0.1, 0.2, 2, min_pairs=3) == INCONCLUSIVE
-    assert claims.verdict(t, math.nan, math.nan, 0, min_pairs=3) == NO_DATA
+    t = Comparison(Side("a", {}), Side("b", {}), "pass@1", "greater", 0.0, 0.02)
+    assert claims.verdict(t, 0.1, 0.001, 1.0, 2, min_pairs=3) == INCONCLUSIVE
+    assert claims.verdict(t, math.nan, math.nan, math.nan, 0, min_pairs=3) == NO_DATA
 
 
 def test_combine():
@@ -45,6 +45,8 @@ def test_combine():
     assert claims.combine([CONTRADICTS, INCONCLUSIVE]) == CONTRADICTS
     assert claims.combine([CONTRADICTS, SUPPORTS]) == INCONCLUSIVE  # mixed evidence
     assert claims.combine([SUPPORTS, INCONCLUSIVE]) == INCONCLUSIVE
+    assert claims.combine([NOT_REPRODUCED, INCONCLUSIVE]) == NOT_REPRODUCED  # a powered part saw nothing
+    assert claims.combine([NOT_REPRODUCED, CONTRADICTS]) == CONTRADICTS
     assert claims.combine([NO_DATA]) == NO_DATA
 
 
@@ -57,8 +59,9 @@ def summary_of(values: dict[str, list[float]], metric="pass@1") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def evaluate_one(values, expect="greater", margin=0.0, metric="pass@1"):
-    c = claims.Claim("c", "claim", "src", "s", (Comparison(Side("nsr", {}), Side("hard", {}), metric, expect, margin),))
+def evaluate_one(values, expect="greater", margin=0.0, metric="pass@1", sesoi=0.02):
+    t = Comparison(Side("nsr", {}), Side("hard", {}), metric, expect, margin, sesoi)
+    c = claims.Claim("c", "claim", "src", "s", (t,))
     return claims.evaluate(summary_of(values, metric), [c], min_pairs=3)[0]
 
 
@@ -72,11 +75,33 @@ def test_evaluate_pairs_by_seed():
     worse = evaluate_one({"hard": hard, "nsr": [h - 0.05 for h in hard]})
     assert worse["verdict"] == CONTRADICTS
     mixed = evaluate_one({"hard": hard, "nsr": [h + d for h, d in zip(hard, [0.05, -0.04, 0.01, -0.02, 0.03])]})
-    assert mixed["verdict"] == INCONCLUSIVE
+    assert mixed["verdict"] == INCONCLUSIVE and mixed["rows"][0]["power"] < 0.8
+    # ten seeds, differences within +-0.005 of 0: the test could see 0.02 and saw nothing
+    tight = [0.003, -0.004, 0.001, 0.0, -0.002, 0.004, -0.001, 0.002, -0.003, 0.0]
+    null = evaluate_one({"hard": [0.3 + i / 100 for i in range(10)], "nsr": [0.3 + i / 100 + d for i, d in enumerate(tight)]})
+    assert null["verdict"] == NOT_REPRODUCED and null["rows"][0]["power"] > 0.99 and null["power"] > 0.99
+
+
+def test_holm_corrects_the_comparisons_of_one_claim():
+    hard = [0.30, 0.35, 0.32, 0.40, 0.31]
+    d = [0.02, 0.05, 0.0, 0.04, 0.03]  # t = 3.26, p = 0.031 alone: supports
+    nsr = [h + x for h, x in zip(hard, d)]
+    one = evaluate_one({"hard": hard, "nsr": nsr})
+    assert one["verdict"] == SUPPORTS and one["rows"][0]["p_holm"] == pytest.approx(one["rows"][0]["p"])
+    s = summary_of({"hard": hard, "nsr": nsr})
+    s["pass@2"] = s["pass@3"] = s["pass@1"]
+    tests = tuple(Comparison(Side("nsr", {}), Side("hard", {}), m, "greater", 0.0, 0.02) for m in ("pass@1", "pass@2", "pass@3"))
+    three = claims.evaluate(s, [claims.Claim("c", "x", "y", "s", tests)], min_pairs=3)[0]
+    p = three["rows"][0]["p"]
+    assert p < 0.05 < 3 * p
+    assert [r["p_holm"] for r in three["rows"]] == pytest.approx([3 * p] * 3)  # three equal p-values: each x 3
+    assert three["verdict"] == INCONCLUSIVE  # significant alone, not after Holm; too few seeds to be powered
+    # the interval shown is the unadjusted one, the same as the tables'
+    assert (three["rows"][0]["lo"], three["rows"][0]["hi"]) == (one["rows"][0]["lo"], one["rows"][0]["hi"])
 
 
 def test_three_same_sign_seeds_are_not_enough_for_a_noisy_difference():
-    # the bootstrap alone would call this significant (all three differences > 0); the t interval does not
+    # a percentile bootstrap would call this significant (all three differences > 0); the t-interval does not
     res = evaluate_one({"hard": [0.3, 0.3, 0.3], "nsr": [0.31, 0.8, 0.32]})
     assert res["rows"][0]["lo"] < 0 and res["verdict"] == INCONCLUSIVE
 
@@ -95,7 +120,7 @@ def test_missing_arm_and_missing_metric():
 def test_claims_file_names_real_sweeps_arms_axes_and_metrics(path, at_least):
     claim_list, min_pairs = claims.load_claims(path)
     assert min_pairs >= 3 and len(claim_list) >= at_least
-    known_metrics = set(STEP_METRICS) | {"pass@1", "greedy"}
+    known_metrics = set(STEP_METRICS) | {"pass@1", "late_pass@1", "greedy"}
     for c in claim_list:
         sw = load_sweep(c.sweep)
         for t in c.tests:
@@ -127,9 +152,11 @@ ONE = "claims: [{id: a, claim: x, source: y, sweep: s, tests: "
             "margin=-1 is not valid",
         ),
         (
-            ONE + "[{a: {arm: n, at: 1}, b: h, metric: m, expect: less}]}]",
+            ONE + "[{a: {arm: n, at: 1}, b: h, metric: m, expect: less, sesoi: 0.1}]}]",
             "a=.* is not valid",
         ),
+        (ONE + "[{a: n, b: h, metric: m, expect: less}]}]", "sesoi=None is not valid; allowed: a number > 0"),
+        (ONE + "[{a: n, b: h, metric: m, expect: less, sesoi: 0.1}, {a: n, a: h}]}]", "duplicate key 'a'"),
         ("min_pairs: 1\nclaims: []", "min_pairs=1 is not valid"),
         ("claimz: []", "unknown key 'claimz'"),
     ],

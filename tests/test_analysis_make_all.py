@@ -28,7 +28,13 @@ FIXTURE = Path(__file__).parent / "fixtures" / "runs"
 SWEEPS = ("delta", "judge_executor", "rescue_vs_decay")
 # arm effects (log-odds of solving a problem by the end of training; entropy rebounds)
 EFFECTS = {
-    "delta": {"hard": ArmSpec(), "nsr": ArmSpec(skill=1.0, rescue=0.004), "widened": ArmSpec(skill=-0.3)},
+    "delta": {
+        "hard": ArmSpec(),
+        "nsr": ArmSpec(skill=1.0, rescue=0.004),
+        "widened": ArmSpec(skill=-0.3),
+        "widened_dose": ArmSpec(skill=-0.3),
+        "noclip": ArmSpec(skill=-0.5),
+    },
     "judge_executor": {
         "hard": ArmSpec(),
         "noisy_decision": ArmSpec(skill=-1.2, entropy_spikes=2),
@@ -54,14 +60,21 @@ def grid(tmp_path_factory):
     sweeps_dir.mkdir()
     small = {"train.steps": 30, "eval.every": 15, "eval.n_prompts": 256, "eval.n_samples": 4}
     (presets / "mini.yaml").write_text(yaml.safe_dump(apply_overrides(RunConfig().to_dict(), small)))
-    skipped = []
+    skipped, written = [], {}
     for name in SWEEPS:
         shutil.copy(SWEEPS_DIR / f"{name}.yaml", sweeps_dir / f"{name}.yaml")
         for spec in expand(sweeps_dir / f"{name}.yaml", preset="mini", presets_dir=presets):
             if spec.run_id.startswith(SKIPPED):
                 skipped.append(spec.run_id)
                 continue
-            write_folder(runs / spec.sweep / spec.run_id, spec.config, spec.meta, EFFECTS[name][spec.meta["arm"]])
+            h = spec.config.run_hash()
+            if h in written:  # a config shared by two sweeps runs once, in the first sweep's folder
+                continue
+            written[h] = runs / spec.sweep / spec.run_id
+            write_folder(written[h], spec.config, spec.meta, EFFECTS[name][spec.meta["arm"]])
+    # a copy of a run folder elsewhere under the runs root (a backup): counted once, never as another seed
+    shutil.copytree(next(p for p in written.values() if p.name.startswith("nsr-delta0.2-s0")),
+                    runs / "backup" / "old" / "nsr-delta0.2-s0-copy")  # fmt: skip
     readme = root / "README.md"
     readme.write_text("# Title\n\nintro\n\n<!-- claims:start -->\nold block\n<!-- claims:end -->\n\n## Next\ntext\n")
     out = root / "out"
@@ -70,6 +83,7 @@ def grid(tmp_path_factory):
     snapshot = {p: p.read_bytes() for p in first["files"]}
     second = make_all.make_all(runs, out, **kw)
     return {
+        "written": written,
         "root": root,
         "runs": runs,
         "out": out,
@@ -87,7 +101,7 @@ def test_every_output_is_written_and_non_empty(grid):
         for suffix in (".md", ".tex", "_runs.csv"):
             assert (out / "tables" / f"{name}{suffix}").stat().st_size > 100
         assert (out / "figures" / f"{name}_dynamics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for fig in ("delta_sweep", "judge_executor", "theory_expected_weight"):
+    for fig in ("delta_sweep", "judge_executor", "theory_expected_weight", "forest", "pass_at_k"):
         assert (out / "figures" / f"{fig}.png").stat().st_size > 10_000
     for table in ("main.md", "main.tex", "claims.md", "status.md"):
         assert (out / "tables" / table).stat().st_size > 100
@@ -102,19 +116,55 @@ def test_rerun_is_byte_identical(grid):
 def test_missing_runs_are_listed(grid):
     status = grid["first"]["status"]
     assert status["delta"]["missing"] == sorted(grid["skipped"]) and len(grid["skipped"]) == 1
-    assert len(status["delta"]["done"]) == 54 and "missing" not in status["rescue_vs_decay"]
+    assert len(status["delta"]["done"]) == 64 and "missing" not in status["rescue_vs_decay"]
     md = (grid["out"] / "tables" / "status.md").read_text()
-    assert "| delta | 54 | 0 | 0 | 0 | 1 | 0 |" in md and f"delta missing: {grid['skipped'][0]}" in md
+    assert "| delta | 64 | 0 | 0 | 0 | 0 | 1 | 1 | 0 |" in md and f"delta missing: {grid['skipped'][0]}" in md
 
 
 def test_claims_follow_the_planted_effects(grid):
     verdicts = {r["claim"].id: r["verdict"] for r in grid["first"]["claims"]}
-    assert verdicts["beats_widening_delta"] == "supports"
     assert verdicts["beats_widening"] == "supports"
     assert verdicts["stochastic_beats_decay"] == "supports"
     assert verdicts["rescue_not_pushout"] == "supports"
     assert verdicts["judge_executor"] == "supports"
     assert verdicts["magnitude"] == "no data" and verdicts["clip_low_random"] == "no data"
+
+
+def test_a_shared_run_is_one_run_counted_in_each_sweep(grid):
+    """rescue_vs_decay's hard / nsr / widened are delta's runs (one folder each, under delta/): each sweep counts
+    them, the grid counts them once, and the backup copy is never another seed."""
+    s = grid["first"]["summary"]
+    rvd, delta = s[s["sweep"] == "rescue_vs_decay"], s[s["sweep"] == "delta"]
+    assert sorted(rvd["arm"].unique()) == sorted(EFFECTS["rescue_vs_decay"])
+    assert (rvd.groupby("arm").size() == 5).all()
+    shared = set(rvd["run"]) & set(delta["run"])
+    assert len(shared) == 15 and all(r.startswith("delta/") for r in shared)  # hard, nsr delta=0.2, widened 0.2
+    assert s.groupby("sweep")["run"].apply(lambda r: r.is_unique).all()
+    assert not s["run"].str.contains("backup").any()
+    copies = [i for i in grid["first"]["issues"] if i.kind == "copy"]
+    assert len(copies) == 1 and "backup/old/nsr-delta0.2-s0-copy" in copies[0].message
+    # the claim that rescue_vs_decay's widened arm used to duplicate is tested once, on delta
+    ids = [r["claim"].id for r in grid["first"]["claims"]]
+    assert ids.count("beats_widening") == 1 and "beats_widening_delta" not in ids
+
+
+def test_tables_figures_and_claims_give_one_interval(grid):
+    """The same comparison has the same interval in the sweep table, the claims table and the forest plot's data."""
+    from analysis import stats, tables
+
+    s = grid["first"]["summary"]
+    res = next(r for r in grid["first"]["claims"] if r["claim"].id == "rescue_not_pushout")
+    row = next(r for r in res["rows"] if r["a"] == "nsr")
+    g = s[s["sweep"] == "rescue_vs_decay"]
+    diffs = tables.paired_vs_baseline(g, metrics=["late_pass@1"]).set_index("label").loc["nsr"]
+    assert (diffs["mean"], diffs["lo"], diffs["hi"]) == pytest.approx((row["mean"], row["lo"], row["hi"]))
+    md = (grid["out"] / "tables" / "rescue_vs_decay.md").read_text()
+    assert tables.cell(row["mean"], row["lo"], row["hi"], signif=True).split(" [")[1] in md
+    # a figure band is the same function over the seed pairs
+    a = g[g["label"] == "nsr"].set_index("seed")["late_pass@1"]
+    b = g[g["label"] == "hard"].set_index("seed")["late_pass@1"]
+    mean, lo, hi, _ = stats.interval((a - b).to_numpy()[:, None], axis=0)
+    assert (mean[0], lo[0], hi[0]) == pytest.approx((row["mean"], row["lo"], row["hi"]))
 
 
 def test_readme_block_is_rewritten_in_place(grid):
@@ -159,7 +209,7 @@ def test_cli_on_the_fixture(tmp_path, capsys):
     rc = make_all.main(["--runs", str(FIXTURE), "--out", str(tmp_path), "--no-readme"])
     out = capsys.readouterr().out
     assert rc == 0 and "rescue_vs_decay: 9 done" in out and "failed" in out and "wrote" in out
-    assert "broken/failed-s0-f524f8a6: failed" in (tmp_path / "tables" / "status.md").read_text()
+    assert "broken/failed-s10-53597e52: failed" in (tmp_path / "tables" / "status.md").read_text()
     assert make_all.main(["--runs", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
 
 
