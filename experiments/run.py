@@ -99,16 +99,19 @@ def run(
     if rd.path.exists() and not rd.path.is_dir():
         raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
     existed, had_lock = rd.path.exists(), rd.lock_path.exists()
+    started = False
     try:
         with rd.lock():
             check_folder(rd, cfg, force)
+            started = True
             return _run_locked(cfg, rd, run_id, meta, force, progress)
-    except RunFolderError:  # refused before anything was written: leave the place as it was
-        with contextlib.suppress(OSError):
-            if not had_lock:
-                rd.lock_path.unlink(missing_ok=True)
-            if not existed:
-                rd.path.rmdir()
+    except RunFolderError:
+        if not started:  # refused before anything was written: leave the place as it was
+            with contextlib.suppress(OSError):
+                if not had_lock:
+                    rd.lock_path.unlink(missing_ok=True)
+                if not existed:
+                    rd.path.rmdir()
         raise
 
 
@@ -170,7 +173,8 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
 def elsewhere(cfg: RunConfig, out: Path, root: Path | None = None) -> tuple[str, Path] | None:
     """("done" | "running", folder) if another folder under ``root`` (default RUNS_ROOT) holds this config done, or
     running (locked); None otherwise. A config runs once, whichever sweeps contain it."""
-    found = [p for p in runs_by_hash(RUNS_ROOT if root is None else root).get(cfg.run_hash(), []) if p.resolve() != Path(out).resolve()]
+    folders = runs_by_hash(RUNS_ROOT if root is None else root).get(cfg.run_hash(), [])
+    found = [p for p in folders if p.resolve() != Path(out).resolve()]
     for p in found:
         if RunDir(p).state() == "done":
             return "done", p

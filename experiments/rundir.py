@@ -1,4 +1,4 @@
-"""The run folder contract (design.md, "Run directory contract"), shared by both backends.
+"""The run folder contract (docs/design.md, "Run directory contract"), shared by both backends.
 
     results/runs/<sweep>/<run_id>/
         config.yaml     the resolved RunConfig + a ``meta`` section (git commit, package versions, run id)

@@ -10,7 +10,7 @@
 #              SLURM_LOCAL_ACCOUNTING=0  no slurmdbd/MariaDB (then sacct fails and submitit cannot see
 #              cancelled jobs: tests need accounting).
 # Needs root. Refuses to touch an /etc/slurm/slurm.conf it did not write. Facts and pitfalls behind each step:
-# ../shared/notes/slurm.md (pid files survive on /run, zombies linger, policy-rc.d, clustername in the state).
+# docs/cluster.md, "Local SLURM" (pid files survive on /run, zombies linger, policy-rc.d, clustername in the state).
 set -euo pipefail
 export PATH="/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin:${PATH:-}"
 

@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -330,6 +331,8 @@ def submit(
     import submitit
 
     logs = Path(log_dir) if log_dir else LOG_ROOT / sub.sweep
+    for folder in sorted({d.out.parent for d in sub.submitted} | {logs}):  # before any job is sent
+        _check_writable(folder)
     for p in groups:
         todo = [d for d in sub.submitted if d.spec.meta["preset"] == p]
         if not todo:
@@ -346,6 +349,19 @@ def submit(
         else:
             sub.jobs += _run_here(ex, todo, res_of[p], cluster, logs, max_parallel)
     return sub
+
+
+def _check_writable(folder: Path) -> None:
+    """ConfigError unless ``folder`` can be created and written (a read-only --out-root or --log-dir)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"{folder}: cannot write here ({e.strerror or e}); nothing was submitted; allowed: a writable "
+            "--out-root and --log-dir"
+        ) from None
 
 
 def _run_here(ex, todo: list[Decision], res: dict, cluster: str, logs: Path, max_parallel: int | None) -> list:

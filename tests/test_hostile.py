@@ -217,6 +217,14 @@ def test_out_on_a_read_only_place_is_a_clear_error(read_only_dir, capsys):
     assert re.search(r"ro/run: cannot write the run folder here \((Read-only file system|Permission denied)\)", err)
 
 
+def test_submit_to_a_read_only_root_submits_nothing(read_only_dir, tmp_path, capsys):
+    argv = ["delta", "--preset", "tiny-smoke", "--cluster", "local", "--log-dir", str(tmp_path / "logs")]
+    assert submit_main([*argv, "--out-root", str(read_only_dir / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "ro/runs/delta: cannot write here" in err and "nothing was submitted" in err
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
+
+
 # ---------------------------------------------------------------- 10. another config's done run
 def test_done_folder_of_another_config_is_refused_even_with_force(tmp_path, capsys):
     """The old message said 'this run is done; pass --force', and --force then wiped the other config's run."""
