@@ -8,6 +8,11 @@ old log-probs, then train.epochs x train.minibatches AdamW updates on shuffled m
 + ``nsr.aggregate`` and gradient clipping. Logged per step to metrics.jsonl (fractions and losses are means over
 the step's updates); eval.jsonl at step 0, every eval.every steps and at the last step.
 
+Options from the related literature (docs/method.md, "Related methods"): ``reward.source`` trains on a label-free
+reward instead of the verifier's (experiments/tiny/rewards.py; the verifier's reward is still logged as
+reward_mean), and ``train.dgg`` gates updates whose lm_head gradient norm surges (experiments/tiny/dgg.py; logged as
+dgg_gated, the step's gated updates, and lm_head_grad_norm, their mean norm before clipping).
+
 Resumable: a checkpoint (model + optimizer, replaced atomically) every logging.checkpoint_every steps; every random
 draw comes from a generator derived from (seed, step, purpose), so a resumed run ends with exactly the rows of an
 uninterrupted one (every field but wall_s).
@@ -25,8 +30,10 @@ import nsr
 from experiments.config import RunConfig
 from experiments.rundir import RunDir, atomic_path
 from experiments.tiny import set_threads
+from experiments.tiny.dgg import GradientGate, lm_head_grad_norm
 from experiments.tiny.evaluate import evaluate, summary
 from experiments.tiny.model import build_model, generate, logprobs, response_mask
+from experiments.tiny.rewards import train_rewards
 from experiments.tiny.rng import generator
 from experiments.tiny.sft import sft_key, warm_start
 from experiments.tiny.task import Task, get_task
@@ -41,9 +48,10 @@ def rl_step(
     cfg: RunConfig,
     step: int,
     ref: torch.nn.Module | None = None,
+    gate: GradientGate | None = None,
 ) -> tuple[dict, dict | None]:
     """One rollout and its minibatch updates; returns the metrics row (without wall_s) and, at token level,
-    the step's ratio_bins.jsonl row (:class:`RatioBins`)."""
+    the step's ratio_bins.jsonl row (:class:`RatioBins`). ``gate``: Dynamic Gradient Gating (train.dgg)."""
     ro, tr = cfg.rollout, cfg.train
     P, G = ro.prompts_per_step, ro.samples_per_prompt
     g_roll = generator(cfg.seed, step, "rollout")
@@ -54,9 +62,12 @@ def rl_step(
     prompts = task.prompts(ids)  # (N, prompt_len)
     comps = generate(model, prompts, ro.max_new_tokens, ro.temperature, g_roll)  # (N, T)
     mask = response_mask(comps)  # (N, T)
-    rewards = task.rewards(ids, comps)  # (N,)
+    rewards = task.rewards(ids, comps)  # (N,) the verifier's, logged whatever the policy trains on
     groups = torch.arange(P).repeat_interleave(G)
-    adv = nsr.compute_advantages(rewards, groups, cfg.advantages, generator=generator(cfg.seed, step, "adv"))
+    trained, reward_logs = train_rewards(
+        cfg.reward.source, rewards, task, model, prompts, comps, mask, groups, ro.temperature
+    )
+    adv = nsr.compute_advantages(trained, groups, cfg.advantages, generator=generator(cfg.seed, step, "adv"))
     with torch.no_grad():
         old_logp, ent = logprobs(model, prompts, comps, ro.temperature, with_entropy=True)
         ref_logp = logprobs(ref, prompts, comps, ro.temperature)[0] if ref is not None else None
@@ -68,6 +79,7 @@ def rl_step(
     bins = RatioBins(cfg.loss) if cfg.loss.level == "token" else None
     acc: dict[str, float] = {}
     ratio_min, ratio_max = float("inf"), float("-inf")
+    update = 0
     for _ in range(tr.epochs):
         for mb in torch.randperm(n, generator=g_shuffle).chunk(tr.minibatches):
             m = mask[mb]
@@ -88,8 +100,16 @@ def rl_step(
                 _add(acc, "ref_kl", kl.item())
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            gated = False
+            if gate is not None:  # DGG: the tied output matrix's gradient, before clipping
+                head_norm = lm_head_grad_norm(model)
+                gated = gate.gate(head_norm, first=update == 0)
+                _add(acc, "lm_head_grad_norm", head_norm)
+                _add(acc, "dgg_gated", float(gated))
+            update += 1
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
-            opt.step()
+            if not gated:  # a gated update leaves weights and optimizer state as they were
+                opt.step()
             if bins is not None:  # token ratios outside the region, either side (clipped or not)
                 out = (r[m] < cfg.loss.low) | (r[m] > cfg.loss.high)  # the clamp cannot move r across a bound
                 _add(acc, "ratio_out_frac", out.float().mean().item())
@@ -100,7 +120,9 @@ def rl_step(
                 _add(acc, k, met[k].item())
             ratio_min, ratio_max = min(ratio_min, met["ratio_min"].item()), max(ratio_max, met["ratio_max"].item())
     updates = tr.epochs * tr.minibatches
-    grouped = rewards.view(P, G)
+    if gate is not None:
+        acc["dgg_gated"] *= updates  # a count per step, not a mean
+    grouped = trained.view(P, G)  # the reward trained on: groups with a signal
     distinct = sum(len(set(map(tuple, c.tolist()))) for c in comps.view(P, G, -1)) / (P * G)
     row = {
         "step": step,
@@ -113,6 +135,7 @@ def rl_step(
         "adv_abs_mean": adv.abs().mean().item(),
         "mixed_group_frac": (grouped.max(1).values != grouped.min(1).values).float().mean().item(),
         "distinct_frac": distinct,
+        **reward_logs,
     }
     return row, None if bins is None else bins.row(step)
 
@@ -166,8 +189,10 @@ def _add(acc: dict, key: str, value: float) -> None:
     acc[key] = acc.get(key, 0.0) + value
 
 
-def _save_checkpoint(rd: RunDir, step: int, model, opt, cfg: RunConfig) -> None:
+def _save_checkpoint(rd: RunDir, step: int, model, opt, cfg: RunConfig, gate: GradientGate | None) -> None:
     state = {"step": step, "run_hash": cfg.run_hash(), "model": model.state_dict(), "optimizer": opt.state_dict()}
+    if gate is not None:
+        state["dgg"] = gate.state_dict()
     with atomic_path(rd.checkpoint_path) as tmp:
         torch.save(state, tmp)
 
@@ -190,6 +215,7 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
         ref = copy.deepcopy(model).eval().requires_grad_(False)
     tr = cfg.train
     opt = torch.optim.AdamW(model.parameters(), lr=tr.lr, betas=tr.adam_betas, weight_decay=tr.weight_decay)
+    gate = GradientGate(tr.dgg_k, tr.dgg_window) if tr.dgg else None
 
     start = 0
     if rd.checkpoint_path.exists():
@@ -198,6 +224,8 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
             raise RuntimeError(f"{rd.checkpoint_path} belongs to run {ck['run_hash']}, not {cfg.run_hash()}")
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
+        if gate is not None:
+            gate.load_state_dict(ck["dgg"])
         start = ck["step"]
         rd.truncate_logs(start)
     else:
@@ -209,7 +237,7 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
     )
     for step in range(start + 1, tr.steps + 1):
         t0 = time.perf_counter()
-        row, bins = rl_step(model, opt, task, cfg, step, ref)
+        row, bins = rl_step(model, opt, task, cfg, step, ref, gate)
         row["wall_s"] = time.perf_counter() - t0
         rd.append("metrics.jsonl", [row])
         if bins is not None:
@@ -225,7 +253,7 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
             post.update({f"eval_{k}": f"{v:.2f}" for k, v in summary(rows).items()})
         every = cfg.logging.checkpoint_every
         if (every and step % every == 0 and step < tr.steps) or (step == tr.steps and cfg.logging.keep_checkpoint):
-            _save_checkpoint(rd, step, model, opt, cfg)
+            _save_checkpoint(rd, step, model, opt, cfg, gate)
         bar.set_postfix(post, refresh=False)
         bar.update(1)
     bar.close()
