@@ -69,6 +69,9 @@ def test_row_from_logs_fallbacks_and_missing_keys():
     assert row["reward_mean"] == 0.75 and row["response_len"] == 9.0 and row["clip_frac"] == 0.2
     assert row["entropy"] is None and row["clip_frac_low"] is None  # not logged: None, not 0
     assert row["policy_loss"] is None  # a NaN never reaches JSON
+    # without --actor.entropy_coef (the cluster presets) the entropy is NSRPolicyLoss's Monte-Carlo estimate
+    assert row_from_logs(1, {"nsr_entropy_mc": 1.25})["entropy"] == 1.25
+    assert row_from_logs(1, {"nsr_entropy_mc": 1.25, "entropy_loss": 1.5})["entropy"] == 1.5
 
 
 def test_rows_from_tensorboard_of_openrlhfs_own_logger(tmp_path):

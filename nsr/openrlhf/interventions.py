@@ -52,7 +52,7 @@ def transform_advantages(experiences, acfg: AdvantageConfig, generator: torch.Ge
     if acfg.noise > 0:
         idx = _order(experiences)
         n = sum(len(i) for i in idx)
-        eps = torch.randn(n, generator=generator, dtype=torch.float32)  # method.md 1b: one eps per response
+        eps = torch.randn(n, generator=generator, dtype=torch.float32)  # docs/method.md 1b: one eps per response
         for e, i in zip(experiences, idx):
             z = (acfg.noise * eps[i]).to(e.advantages.device, e.advantages.dtype)[:, None]
             if acfg.noise_mode == "mult":

@@ -1,4 +1,4 @@
-"""NSRPolicyLoss: OpenRLHF 0.11.2's ``PolicyLoss`` with every clip rule of ``nsr`` (method.md).
+"""NSRPolicyLoss: OpenRLHF 0.11.2's ``PolicyLoss`` with every clip rule of ``nsr`` (docs/method.md).
 
 Same constructor, same ``forward`` signature, same 5-tuple ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``,
 so it drops into ``ActorPPOTrainer.actor_loss_fn`` (trainer/ray/ppo_actor.py:76). ``rule="hard"`` delegates to the
