@@ -171,9 +171,10 @@ def soft(x: RuleInput) -> RuleOutput:
     """
     r, A, cfg = x.ratio, x.adv, x.cfg
     low, high = theory.clip_sides(r.detach(), A, cfg)
-    w = theory.weight_nsr(r.detach(), A, cfg)
+    clipped = low | high
+    w = torch.where(clipped, theory.rescue_weight(r.detach(), A, cfg), 1.0)  # theory.weight_nsr
     p_rescue = theory.side_expectation(r.detach(), A, cfg, cfg.delta, 0)
-    still_clipped = torch.where(low | high, (1.0 - p_rescue) * _hard_value(x), 0.0)
+    still_clipped = torch.where(clipped, (1.0 - p_rescue) * _hard_value(x), 0.0)
     return RuleOutput(-w * A * r + still_clipped, low, high)
 
 
