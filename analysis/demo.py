@@ -7,7 +7,7 @@
 
 Both runs use ``sweeps/presets/tiny.yaml`` with ``train.steps=300`` and ``eval.every=50``, and go to
 ``results/runs/demo/<arm>-<run hash>/`` (the normal run-folder contract, so ``analysis`` reads them like any
-other). A finished run is reused, an interrupted one resumes. The figure shows, against the RL step: the
+other; ``make_all`` never tables sweep ``demo``). A finished run is reused, an interrupted one resumes. The figure shows, against the RL step: the
 training reward (10-step mean) with the held-out sampled accuracy and pass@8, the policy entropy, the fraction
 of tokens the clip drops (by side), and the fraction NSR rescues.
 """
@@ -19,12 +19,12 @@ import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from math import comb
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
+from analysis.stats import pass_at_k
 from experiments.config import RunConfig, load_config
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 from experiments.tiny import set_threads
@@ -98,10 +98,8 @@ def _rolling(values: list[float], window: int = 10) -> pd.Series:
 
 
 def _eval_curves(rows: list[dict], k: int = 8) -> tuple[list[int], list[float], list[float], int]:
-    """(steps, sampled accuracy, pass@k, k) from raw eval rows; pass@k by the unbiased estimator, k <= samples.
-
-    Exact binomials (math.comb) on the few demo problems, so small cases give exact fractions.
-    """
+    """(steps, sampled accuracy, pass@k, k) from raw eval rows; pass@k by analysis.stats.pass_at_k (the unbiased
+    estimator, each problem's value the float nearest the exact fraction), k <= samples."""
     by_step: dict[int, dict[int, list[int]]] = {}
     for r in rows:
         if r["decoding"] == "sampled":
@@ -112,7 +110,8 @@ def _eval_curves(rows: list[dict], k: int = 8) -> tuple[list[int], list[float], 
     for s in steps:
         groups = by_step[s].values()
         acc.append(sum(map(sum, groups)) / sum(map(len, groups)))
-        pk.append(sum(1 - comb(len(g) - sum(g), k) / comb(len(g), k) for g in groups) / len(groups))
+        per_problem = pass_at_k([len(g) for g in groups], [sum(g) for g in groups], k)
+        pk.append(float(sum(per_problem)) / len(groups))
     return steps, acc, pk, k
 
 

@@ -454,7 +454,7 @@ def clip_depth(bins: pd.DataFrame, path: Path, formats=("png",)) -> list[Path]:
         n = int(g["bin"].max()) if len(g) else 0
         ax.set_xticks(range(n + 1), [f"{b / n:.1f}" for b in range(n)] + ["deeper"], fontsize=7)
         ax.set_xlabel("depth into the rescue zone (0 = clip boundary, 1 = its far edge)")
-        ax.set_ylabel("share of clipped tokens (bars) / rescued share (points)")
+        ax.set_ylabel("share: clipped (bars), rescued (points)", fontsize=8)
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=6, frameon=False)

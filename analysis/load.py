@@ -26,6 +26,7 @@ Runs of one label differ only by seed.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -311,22 +312,23 @@ def _tensorboard_rows(path: Path) -> list[dict] | None:
 
 def _steps_frame(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
     """(step frame, problems): READ_COLUMNS as floats; a value that is not a finite number is a problem."""
+    problems = []
+    for col in READ_COLUMNS:  # from the rows themselves: a NaN written as such is bad, a missing value (null) is not
+        bad = [r.get("step") for r in rows if r.get(col) is not None and not _finite_number(r[col])]
+        if bad:
+            problems.append(f"{col}: {len(bad)} value(s) not a finite number (first at step {bad[0]})")
     df = pd.DataFrame(rows)
     if "step" not in df.columns:
         return pd.DataFrame(), ["no step field"] if rows else []
     step = pd.to_numeric(df["step"], errors="coerce")
-    problems = [f"{int(step.isna().sum())} row(s) with a non-numeric step"] if step.isna().any() else []
+    problems += [f"{int(step.isna().sum())} row(s) with a non-numeric step"] if step.isna().any() else []
     df = df[step.notna()].astype({"step": "int64"})
     for col in df.columns:
         if col == "step":
             continue
         if col in READ_COLUMNS:
-            conv = df[col] if df[col].dtype == np.float64 else pd.to_numeric(df[col], errors="coerce").astype(float)
-            bad = df[col].notna().to_numpy() & ~np.isfinite(conv.to_numpy())
-            if bad.any():
-                first = int(df["step"].to_numpy()[bad][0])
-                problems.append(f"{col}: {int(bad.sum())} value(s) not a finite number (first at step {first})")
-            df[col] = conv
+            if df[col].dtype != np.float64:
+                df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
         elif df[col].dtype == object:
             conv = pd.to_numeric(df[col], errors="coerce")
             if conv.notna().sum() == df[col].notna().sum():  # all values numeric (None -> NaN)
@@ -334,6 +336,10 @@ def _steps_frame(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
     if "clip_frac" not in df.columns and {"clip_frac_low", "clip_frac_high"} <= set(df.columns):
         df["clip_frac"] = df["clip_frac_low"] + df["clip_frac_high"]
     return df, problems
+
+
+def _finite_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _as_int(v) -> int | None:

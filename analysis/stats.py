@@ -133,11 +133,8 @@ def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
     df = n - 1
     crit = sps.t.ppf(1 - alpha / 2, df)
     nc = abs(effect) / (sd / math.sqrt(n))
-    upper, lower = float(sps.nct.sf(crit, df, nc)), float(sps.nct.cdf(-crit, df, nc))
-    # scipy's noncentral t returns NaN deep in a tail it cannot resolve (nc in the tens): that tail is ~0 or ~1
-    upper = upper if np.isfinite(upper) else 1.0
-    lower = lower if np.isfinite(lower) else 0.0
-    return min(1.0, upper + lower)
+    # P(T < -crit) written as P(T' > crit) with T' noncentral at -nc: scipy's nct.cdf is NaN in that far tail
+    return float(sps.nct.sf(crit, df, nc) + sps.nct.sf(crit, df, -nc))
 
 
 def paired_differences(a: dict, b: dict) -> tuple[np.ndarray, list]:

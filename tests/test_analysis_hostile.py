@@ -1,0 +1,166 @@
+"""Hostile inputs to the analysis (issue 16, analysis items 1, 2, 7, 8, 9, 11): each gave a wrong answer without a
+word, or a crash, on the previous code. Built from copies of the hand-made fixture (tests/fixtures/runs), so every
+test runs in a few seconds; one make_all run covers the items that need the whole pipeline."""
+
+import gzip
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from analysis import make_all
+from analysis.figures import delta_x
+from analysis.load import RunWarning, load_runs
+from analysis.summary import summarize
+
+FIXTURE = Path(__file__).parent / "fixtures" / "runs"
+
+
+def fixture_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    shutil.copytree(FIXTURE / "rescue_vs_decay", root / "rescue_vs_decay")
+    return root
+
+
+def run_dir(root: Path, prefix: str) -> Path:
+    return next((root / "rescue_vs_decay").glob(f"{prefix}-*"))
+
+
+def load(root: Path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunWarning)
+        return load_runs(root)
+
+
+def rewrite_metrics(path: Path, edit) -> None:
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    rows = edit(rows)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def excluded(rs, prefix: str) -> tuple[str, str]:
+    rec = rs.runs[rs.runs["run_id"].str.startswith(prefix)].iloc[0]
+    assert not rec["included"] and rec["run"] not in set(rs.members["run"])
+    assert rec["run"] not in set(rs.steps["run"]) and rec["run"] not in set(rs.eval_counts()["run"])
+    return rec["state"], rec["problem"]
+
+
+# ----------------------------------------------------------------------------------------- item 1: incomplete runs
+def test_a_done_run_short_of_its_steps_is_incomplete_and_excluded(tmp_path):
+    root = fixture_copy(tmp_path)
+    rewrite_metrics(run_dir(root, "nsr-s1"), lambda rows: rows[:2])  # 2 of 6 rows, status still "done"
+    rs = load(root)
+    state, why = excluded(rs, "nsr-s1")
+    assert state == "incomplete" and "2 of 6 metric rows" in why
+    assert sorted(summarize(rs).query("arm == 'nsr'")["seed"]) == [0, 2]
+    assert any(i.kind == "incomplete" and i.run_id.startswith("nsr-s1") for i in rs.issues)
+
+
+def test_a_cut_eval_file_is_incomplete_not_an_earlier_step(tmp_path):
+    root = fixture_copy(tmp_path)
+    path = run_dir(root, "hard-s0") / "eval.jsonl.gz"
+    data = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(data[: len(data) // 2]))  # the final step's labels are gone
+    state, why = excluded(load(root), "hard-s0")
+    assert state == "incomplete" and "final eval missing (last eval at step 0" in why
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda rows: [], "metrics.jsonl has no rows"),
+        (lambda rows: [*rows[:-1], {**rows[-1], "reward_mean": float("nan")}], "reward_mean: 1 value(s) not a finite"),
+        (lambda rows: [*rows[:-1], {**rows[-1], "entropy": "high"}], "entropy: 1 value(s) not a finite number"),
+        (lambda rows: [*rows[:-1], {**rows[-1], "clip_frac_low": 1e400}], "clip_frac_low: 1 value(s)"),
+    ],
+)
+def test_empty_nan_or_non_numeric_metrics_are_incomplete(tmp_path, edit, words):
+    root = fixture_copy(tmp_path)
+    rewrite_metrics(run_dir(root, "soft-s2"), edit)
+    state, why = excluded(load(root), "soft-s2")
+    assert state == "incomplete" and words in why
+
+
+# ----------------------------------------------------------------------------------------- item 2: copies
+def test_a_copy_anywhere_under_the_root_is_counted_once(tmp_path):
+    root = fixture_copy(tmp_path)
+    src = run_dir(root, "nsr-s0")
+    shutil.copytree(src, root / "backup" / "2026-11" / src.name)
+    rs = load(root)
+    s = summarize(rs)
+    assert len(s) == 9 and s["run"].is_unique and sorted(s.query("arm == 'nsr'")["seed"]) == [0, 1, 2]
+    copy = rs.runs[rs.runs["folder"].str.startswith("backup/")].iloc[0]
+    assert not copy["included"] and copy["copy_of"] == f"rescue_vs_decay/{src.name}"
+    assert delta_x(s, rs.runs).shape == (9,)  # used to crash on the duplicated run key
+
+
+# ----------------------------------------------------------------------------------------- the pipeline
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    root = fixture_copy(tmp)
+    # item 9: a run whose meta.sweep climbs out of --out
+    evil = root / "rescue_vs_decay" / "evil"
+    shutil.copytree(run_dir(root, "soft-s0"), evil)
+    cfg = (evil / "config.yaml").read_text().replace("sweep: rescue_vs_decay", "sweep: ../../../outside/pwned")
+    (evil / "config.yaml").write_text(cfg.replace("run_hash: ", "run_hash: evil"))
+    # item 7: a binary status.json and a non-object one; a non-numeric metric value
+    for name, status in (("binstatus", b"\x00\xff\x01"), ("liststatus", b"[1]")):
+        d = root / "rescue_vs_decay" / name
+        shutil.copytree(run_dir(root, "soft-s1"), d)
+        (d / "status.json").write_bytes(status)
+        (d / "config.yaml").write_text((d / "config.yaml").read_text().replace("run_hash: ", f"run_hash: {name}"))
+    rewrite_metrics(run_dir(root, "hard-s1"), lambda rows: [{**r, "rescue_frac": "n/a"} for r in rows])
+    # item 11: runs of `make demo`
+    demo = root / "demo" / "nsr-demo"
+    shutil.copytree(run_dir(root, "nsr-s2"), demo)
+    cfg = (demo / "config.yaml").read_text().replace("sweep: rescue_vs_decay", "sweep: demo")
+    (demo / "config.yaml").write_text(cfg.replace("run_hash: ", "run_hash: demo"))
+    out = tmp / "out"
+    res = make_all.make_all(root, out, quiet=True, sweeps_dir=tmp / "no-sweeps")
+    return {"tmp": tmp, "root": root, "out": out, "res": res}
+
+
+def test_nothing_is_written_outside_out(hostile):
+    assert not (hostile["tmp"] / "outside").exists() and not any(hostile["tmp"].rglob("pwned*"))
+    out = hostile["out"].resolve()
+    assert all(Path(f).resolve().is_relative_to(out) for f in hostile["res"]["files"])
+    bad = [i for i in hostile["res"]["issues"] if i.kind == "bad_meta"]
+    assert len(bad) == 1 and "meta.sweep='../../../outside/pwned' is not valid" in bad[0].message
+
+
+def test_bad_status_files_and_non_numbers_are_reported_not_fatal(hostile):
+    bad = [i for i in hostile["res"]["issues"] if i.kind == "bad_status"]
+    assert sorted(Path(i.message.split(":")[0]).parent.name for i in bad) == ["binstatus", "liststatus"]
+    runs = hostile["res"]["summary"]["run"]
+    assert not runs.str.contains("binstatus|liststatus|hard-s1").any()
+    status = (hostile["out"] / "tables" / "status.md").read_text()
+    assert "not a JSON object" in status and "rescue_frac: 6 value(s) not a finite number" in status
+
+
+def test_demo_runs_are_not_tabled(hostile):
+    s = hostile["res"]["summary"]
+    assert "demo" not in set(s["sweep"]) and not (hostile["out"] / "tables" / "demo.md").exists()
+    assert "demo: 1 run(s)" in (hostile["out"] / "tables" / "status.md").read_text()
+
+
+def test_out_at_a_file_or_unwritable_is_a_clear_error(tmp_path, capsys):
+    target = tmp_path / "file.txt"
+    target.write_text("x")
+    assert make_all.main(["--runs", str(FIXTURE), "--out", str(target), "--no-readme"]) == 2
+    assert "--out" in capsys.readouterr().err and target.read_text() == "x"
+    with pytest.raises(make_all.OutputError, match="is a file"):
+        make_all.make_all(FIXTURE, target, quiet=True)
+    with pytest.raises(make_all.OutputError, match="outside the output folder"):
+        make_all.write_text(tmp_path / "a" / ".." / ".." / "escape.md", "x", under=tmp_path / "a")
+
+
+def test_excluded_runs_are_counted_on_stderr(tmp_path, capsys):
+    root = fixture_copy(tmp_path)
+    rewrite_metrics(run_dir(root, "nsr-s1"), lambda rows: rows[:3])
+    rs = load(root)
+    counts = make_all.warn_excluded(rs)
+    err = capsys.readouterr().err
+    assert counts == {"incomplete": 1} and "1 run folder(s) excluded" in err and "3 of 6 metric rows" in err
