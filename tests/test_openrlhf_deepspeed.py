@@ -1,0 +1,118 @@
+"""A real OpenRLHF 0.11.2 training step with real DeepSpeed on CPU (ZeRO-2 and ZeRO-3, gloo), through the NSR layer.
+
+Each scenario runs tests/fixtures/openrlhf/real_step.py in its own process per data-parallel rank (module doc there:
+OpenRLHF's real Actor on a random tiny Qwen2 saved locally, the NSR actor subclass's init_model_from_pretrained,
+fit -> ppo_train -> training_step with NSRPolicyLoss, DeepSpeed's backward and step, checkpoint and resume). Only
+vLLM generation, three CUDA calls and Ray are replaced. Checked:
+* ``hard`` gives exactly OpenRLHF's own PolicyLoss (loss and gradient, every micro-batch) inside the real step;
+  ``nsr`` at delta 0 equals it too, and ``nsr`` at delta 0.5 does not (it rescues clipped tokens);
+* the metrics.jsonl row built from the real status dict has every field, each from the key it maps;
+* a resume restores the RL step (the loss's streams) and the weights;
+* two data-parallel ranks agree on every reduced metric and draw different z.
+
+Cost: DeepSpeed builds its CPU shared-memory comm op once (cached in TORCH_EXTENSIONS_DIR); the optimizer is
+DeepSpeed's torch_adam AdamW, so no FusedAdam op is built. Each scenario then takes 20-40 s on 2 idle cores.
+"""
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.openrlhf.metrics import REQUIRED
+
+pytest.importorskip("deepspeed", reason="deepspeed==0.19.6 (requirements-cpu.txt) runs the real training step")
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = ROOT / "tests" / "fixtures" / "openrlhf" / "real_step.py"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location("real_step", HARNESS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    mod.make_model(path)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_step(model, ckpt, *flags, world=1, timeout=600) -> list[dict]:
+    """One scenario: ``world`` rank processes of the harness; their JSON outputs, by rank."""
+    port, procs, outs = _free_port(), [], []
+    for rank in range(world):
+        out = Path(ckpt).parent / f"{Path(ckpt).name}-rank{rank}.json"
+        argv = [sys.executable, str(HARNESS), "step", "--model", str(model), "--ckpt", str(ckpt), "--out", str(out)]
+        argv += ["--rank", str(rank), "--world", str(world), "--port", str(port), *flags]
+        procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outs.append(out)
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-4000:]
+    return [json.loads(o.read_text()) for o in outs]
+
+
+@pytest.fixture(scope="module")
+def hard(model, tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("hard") / "ckpt"
+    (out,) = run_step(model, ckpt, "--rule", "hard", "--zero", "2", "--save")
+    return out, ckpt
+
+
+def test_hard_is_openrlhfs_policy_loss_in_the_real_step(hard):
+    out, _ = hard
+    assert out["loss_class"] == "NSRPolicyLoss" and out["parent"] == "openrlhf.models.loss.PolicyLoss"
+    probe = out["probe"]
+    assert probe["calls"] == 8  # 2 epochs x 4 micro-batches, every one through NSRPolicyLoss
+    assert probe["clip"] > 0  # clipped tokens exist, so the comparison covers the clip
+    assert probe["loss_diff"] == 0.0 and probe["grad_diff"] == 0.0  # bit for bit
+    assert out["weights_after"] != out["weights_at_start"]  # DeepSpeed stepped the optimizer
+
+
+def test_metrics_row_from_the_real_status_dict(hard):
+    out, _ = hard
+    row, status = out["row"], out["status"]
+    assert set(REQUIRED) <= set(row) and all(row[k] is not None for k in REQUIRED)
+    for ours, theirs in REQUIRED.items():  # each field is the first of its keys that OpenRLHF really logged
+        assert row[ours] == next(status[k] for k in theirs if k in status), ours
+    assert row["entropy"] == status["entropy_loss"]  # --actor.entropy_coef 0 here: OpenRLHF's own entropy
+    assert abs(status["nsr_entropy_mc"] - status["entropy_loss"]) < 0.5  # the free estimate is close
+    assert row["clip_frac"] == status["ppo_clip_ratio"] and out["nsr_rl_step_after"] == 1
+
+
+def test_resume_restores_the_rl_step_and_the_weights(model, hard):
+    out, ckpt = hard
+    assert (ckpt / "_actor" / "latest").read_text().strip() == "global_step1"
+    (resumed,) = run_step(model, ckpt, "--rule", "hard", "--zero", "2", "--resume")
+    assert resumed["resumed_global_step"] == 1 and resumed["nsr_rl_step"] == 1  # streams continue at step 2
+    assert resumed["weights_at_start"] == out["weights_after"]
+
+
+def test_nsr_at_delta_zero_equals_hard(model, tmp_path):
+    (out,) = run_step(model, tmp_path / "ckpt", "--rule", "nsr", "--delta", "0", "--zero", "2")
+    probe = out["probe"]
+    assert probe["calls"] == 8 and probe["clip"] > 0
+    assert probe["loss_diff"] < 1e-6 and probe["grad_diff"] < 1e-6  # nsr's own path, OpenRLHF's numbers
+    assert out["status"]["nsr_rescue_frac"] == 0.0
+
+
+def test_two_zero3_ranks_agree_and_nsr_rescues(model, tmp_path):
+    outs = run_step(model, tmp_path / "ckpt", "--rule", "nsr", "--delta", "0.5", "--zero", "3", world=2)
+    assert [o["world"] for o in outs] == [2, 2] and [o["loss_rank"] for o in outs] == [0, 1]  # different z
+    a, b = (o["status"] for o in outs)
+    reduced = [k for k in a if k.startswith(("policy_loss", "ppo_", "nsr_", "actor_", "rollout/"))]
+    assert reduced and all(a[k] == pytest.approx(b[k], rel=1e-6) for k in reduced)
+    assert a["nsr_rescue_frac"] > 0  # clipped tokens got a gradient: the rule is in the step
+    assert all(o["probe"]["grad_diff"] > 0 for o in outs)  # so it is not PolicyLoss
+    assert outs[0]["weights_after"] == outs[1]["weights_after"]  # one model after the step
