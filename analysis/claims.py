@@ -138,7 +138,11 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
                                  f"interest, needed by expect: {t['expect']})")  # fmt: skip
             tests.append(
                 Comparison(
-                    _side(t["a"], f"{tw}.a"), _side(t["b"], f"{tw}.b"), str(t["metric"]), t["expect"], float(margin),
+                    _side(t["a"], f"{tw}.a"),
+                    _side(t["b"], f"{tw}.b"),
+                    str(t["metric"]),
+                    t["expect"],
+                    float(margin),
                     float(sesoi) if sesoi is not None else math.nan,
                 )
             )

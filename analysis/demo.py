@@ -7,9 +7,9 @@
 
 Both runs use ``sweeps/presets/tiny.yaml`` with ``train.steps=300`` and ``eval.every=50``, and go to
 ``results/runs/demo/<arm>-<run hash>/`` (the normal run-folder contract, so ``analysis`` reads them like any
-other; ``make_all`` never tables sweep ``demo``). A finished run is reused, an interrupted one resumes. The figure shows, against the RL step: the
-training reward (10-step mean) with the held-out sampled accuracy and pass@8, the policy entropy, the fraction
-of tokens the clip drops (by side), and the fraction NSR rescues.
+other; ``make_all`` never tables sweep ``demo``). A finished run is reused, an interrupted one resumes. The
+figure shows, against the RL step: the training reward (10-step mean) with the held-out sampled accuracy and
+pass@8, the policy entropy, the fraction of tokens the clip drops (by side), and the fraction NSR rescues.
 """
 
 from __future__ import annotations

@@ -75,10 +75,14 @@ def main(argv=None) -> int:
     p.add_argument("--delta", type=float, default=0.2)
     a = p.parse_args(argv)
     m = measure(a.runs, a.delta)
-    print(f"{m['runs']} distinct nsr delta={a.delta:g} runs: {m['clipped']:,.0f} clipped tokens, {m['rescued']:,.0f} "
-          f"rescued ({m['rescued'] / m['clipped']:.1%} of clipped; rescue_frac {m['rescue_frac']:.2%} of all tokens)")
-    print(f"widening by {a.delta:g} unclips {m['ratio_at_delta']:.1f}x as many (a lower bound: depths beyond NSR's "
-          "zone are not resolved)")
+    print(
+        f"{m['runs']} distinct nsr delta={a.delta:g} runs: {m['clipped']:,.0f} clipped tokens, {m['rescued']:,.0f} "
+        f"rescued ({m['rescued'] / m['clipped']:.1%} of clipped; rescue_frac {m['rescue_frac']:.2%} of all tokens)"
+    )
+    print(
+        f"widening by {a.delta:g} unclips {m['ratio_at_delta']:.1f}x as many (a lower bound: depths beyond NSR's "
+        "zone are not resolved)"
+    )
     print(f"dose-matched widening: w = {m['w']:.3f} (eps_low + w, eps_high + w) unclips as many as NSR rescues")
     return 0
 

@@ -206,7 +206,7 @@ def _curves_figure(rs, summary, curves, sweep, panels, style, title, paired: boo
     ncol = min(3, len(drawn))
     nrow = -(-len(drawn) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow), squeeze=False)
-    for ax, (metric, ylabel, data) in zip(axes.flat, drawn):
+    for ax, (_, ylabel, data) in zip(axes.flat, drawn):
         for lab, x, Y in data:
             colour, ls = style(lab)
             n = int((np.isfinite(Y).any(1)).sum()) if Y.size else 0
@@ -368,7 +368,7 @@ def forest(results: list[dict], path: Path, formats=("png",), title: str = "plan
     for ax, m in zip(axes[:, 0], metrics):
         items = per[m]
         ys = np.arange(len(items))[::-1]
-        for y, (cid, r) in zip(ys, items):
+        for y, (_, r) in zip(ys, items):
             c = VERDICT_COLOURS.get(r["verdict"], "black")
             if np.isfinite(r["lo"]):
                 ax.plot([r["lo"], r["hi"]], [y, y], color=c, lw=2)
@@ -394,7 +394,9 @@ def forest(results: list[dict], path: Path, formats=("png",), title: str = "plan
 def pass_at_k_figure(summary: pd.DataFrame, path: Path, formats=("png",)) -> list[Path]:
     """Final-checkpoint pass@k against k, one panel per sweep, one line per label (mean and 95% t-interval)."""
     ks = sorted(int(c.split("@")[1]) for c in summary.columns if re.fullmatch(r"pass@\d+", c))
-    sweeps = [sw for sw in sorted(summary["sweep"].unique()) if summary.loc[summary["sweep"] == sw, "pass@1"].notna().any()]
+    sweeps = [
+        sw for sw in sorted(summary["sweep"].unique()) if summary.loc[summary["sweep"] == sw, "pass@1"].notna().any()
+    ]
     if len(ks) < 2 or not sweeps:
         return []
     ncol = min(3, len(sweeps))
@@ -439,7 +441,10 @@ def clip_depth(bins: pd.DataFrame, path: Path, formats=("png",)) -> list[Path]:
     cmap = plt.get_cmap("viridis")
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), squeeze=False)
     width = 0.8 / max(1, len(keys))
-    for ax, side, name in ((axes[0, 0], "pos", "A > 0 (r above 1 + eps_high)"), (axes[0, 1], "neg", "A < 0 (r below 1 - eps_low)")):  # noqa: E501
+    for ax, side, name in (
+        (axes[0, 0], "pos", "A > 0 (r above 1 + eps_high)"),
+        (axes[0, 1], "neg", "A < 0 (r below 1 - eps_low)"),
+    ):  # noqa: E501
         for i, (d, ex) in enumerate(keys):
             h = g[(g["delta"] == d) & (g["executor"] == ex) & (g["side"] == side)].sort_values("bin")
             total = h["clipped"].sum()

@@ -245,8 +245,8 @@ def _legacy(config: dict, meta: dict) -> list[tuple[str, str]]:
         out.append(("translate", "advantages.noise_mode=add ran as today's add_all (noise on every group, also "
                                  "those with no signal); read as add_all"))  # fmt: skip
     if isinstance(loss, dict) and loss.get("rule") == "cispo" and "cispo_cap" not in loss:
-        out.append(("relabel", "loss.rule=cispo ran with its IS weight clipped to [1 - eps_low, 1 + eps_high] (before "
-                               "cispo_cap); counted as arm cispo" + LEGACY_SUFFIX + ", not as today's cispo"))  # fmt: skip
+        why = "loss.rule=cispo ran with its IS weight clipped to [1 - eps_low, 1 + eps_high] (before cispo_cap)"
+        out.append(("relabel", f"{why}; counted as arm cispo{LEGACY_SUFFIX}, not as today's cispo"))
     return out
 
 
@@ -393,11 +393,11 @@ def load_runs(
         sweeps_dir: sweep files (default: the repo's sweeps/); a run belongs to every sweep whose file has its
             config, besides the sweep its own config.yaml names. presets_dir: their presets (default sweeps/presets).
 
-    Identity: a run is its config hash (config.yaml ``meta.run_hash``, as written when it ran). Folders holding the same config are one run:
-    the first done-and-complete folder (its own sweep's folder first, then by path) counts, the others are reported
-    as ``copy`` issues and excluded. A done run whose metrics stop short of ``train.steps``, whose last eval is not
-    at its last step, or whose metrics hold a value that is not a finite number is ``incomplete``: reported and
-    excluded from every frame.
+    Identity: a run is its config hash (config.yaml ``meta.run_hash``, as written when it ran). Folders holding the
+    same config are one run: the first done-and-complete folder (its own sweep's folder first, then by path)
+    counts, the others are reported as ``copy`` issues and excluded. A done run whose metrics stop short of
+    ``train.steps``, whose last eval is not at its last step, or whose metrics hold a value that is not a finite
+    number is ``incomplete``: reported and excluded from every frame.
     """
     root = Path(root)
     sweeps_dir = Path(sweeps_dir) if sweeps_dir is not None else REPO_ROOT / "sweeps"
@@ -453,7 +453,7 @@ def load_runs(
         except (ConfigError, TypeError, ValueError):
             config_hash = None
         if legacy and isinstance(meta.get("run_hash"), str) and meta["run_hash"] != config_hash:
-            for kind, why in legacy:
+            for _, why in legacy:
                 issue(sweep, run_id, "legacy", why)
             if any(kind == "relabel" for kind, _ in legacy):
                 config_hash = None  # today's sweep files mean another config by these fields
@@ -494,8 +494,22 @@ def load_runs(
     runs = pd.DataFrame(records)
     if not len(runs):
         runs = pd.DataFrame(
-            {c: pd.Series(dtype=object) for c in ("run", "folder", "hash", "sweep", "run_id", "state", "arm", "label",
-                                                  "seed", "point", "problem")}  # fmt: skip
+            {
+                c: pd.Series(dtype=object)
+                for c in (
+                    "run",
+                    "folder",
+                    "hash",
+                    "sweep",
+                    "run_id",
+                    "state",
+                    "arm",
+                    "label",
+                    "seed",
+                    "point",
+                    "problem",
+                )
+            }  # fmt: skip
             | {"included": pd.Series(dtype=bool)}
         )
     _dedupe(runs, issue)
@@ -663,7 +677,7 @@ def status_report(rs: RunSet, expected: dict[str, list[str]] | None = None) -> d
     is listed as missing."""
     out: dict[str, dict[str, list[str]]] = {}
     m = rs.members
-    for sweep, g in (m.groupby("sweep", sort=True) if len(m) else []):
+    for sweep, g in m.groupby("sweep", sort=True) if len(m) else []:
         out.setdefault(sweep, {})["done"] = sorted(g["run_id"])
     runs = rs.runs
     rest = runs[~runs["included"]] if len(runs) else runs

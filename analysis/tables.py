@@ -1,5 +1,6 @@
 """Tables: per sweep, arms x metrics with seed-level 95% Student-t intervals (analysis.stats.interval, the one
-interval rule of tables, figures and claims), paired differences vs the baseline arm, and for ``main`` the paper's reported numbers side by side (results/paper/main.csv). Markdown and LaTeX.
+interval rule of tables, figures and claims), paired differences vs the baseline arm, and for ``main`` the paper's
+reported numbers side by side (results/paper/main.csv). Markdown and LaTeX.
 
     from analysis import load, summary, tables
     s = summary.summarize(load.load_runs())

@@ -19,9 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import stats, tables
+from analysis import stats, summary, tables
 from analysis.load import RunWarning, count_eval, load_runs, read_rows
-from analysis import summary
 from analysis.summary import STEP_METRICS, eval_curves, final_window, summarize
 
 FIXTURE = Path(__file__).parent / "fixtures" / "runs"

@@ -78,7 +78,9 @@ def test_evaluate_pairs_by_seed():
     assert mixed["verdict"] == INCONCLUSIVE and mixed["rows"][0]["power"] < 0.8
     # ten seeds, differences within +-0.005 of 0: the test could see 0.02 and saw nothing
     tight = [0.003, -0.004, 0.001, 0.0, -0.002, 0.004, -0.001, 0.002, -0.003, 0.0]
-    null = evaluate_one({"hard": [0.3 + i / 100 for i in range(10)], "nsr": [0.3 + i / 100 + d for i, d in enumerate(tight)]})
+    null = evaluate_one(
+        {"hard": [0.3 + i / 100 for i in range(10)], "nsr": [0.3 + i / 100 + d for i, d in enumerate(tight)]}
+    )
     assert null["verdict"] == NOT_REPRODUCED and null["rows"][0]["power"] > 0.99 and null["power"] > 0.99
 
 
@@ -90,7 +92,9 @@ def test_holm_corrects_the_comparisons_of_one_claim():
     assert one["verdict"] == SUPPORTS and one["rows"][0]["p_holm"] == pytest.approx(one["rows"][0]["p"])
     s = summary_of({"hard": hard, "nsr": nsr})
     s["pass@2"] = s["pass@3"] = s["pass@1"]
-    tests = tuple(Comparison(Side("nsr", {}), Side("hard", {}), m, "greater", 0.0, 0.02) for m in ("pass@1", "pass@2", "pass@3"))
+    tests = tuple(
+        Comparison(Side("nsr", {}), Side("hard", {}), m, "greater", 0.0, 0.02) for m in ("pass@1", "pass@2", "pass@3")
+    )
     three = claims.evaluate(s, [claims.Claim("c", "x", "y", "s", tests)], min_pairs=3)[0]
     p = three["rows"][0]["p"]
     assert p < 0.05 < 3 * p

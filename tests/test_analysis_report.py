@@ -49,8 +49,8 @@ def test_report_lists_every_figure_and_table(report):
 def test_report_opens_in_a_headless_browser_with_every_image_loaded(report, tmp_path):
     page, res = report
     exe = browser()
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
-           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]  # fmt: skip
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files", "--dump-dom"]
+    cmd = [exe, *flags, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", page.as_uri()]
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
     n_img = len(re.findall(r"<img ", page.read_text()))
     assert n_img == len([f for f in res["files"] if f.suffix == ".png"]) and n_img > 0
