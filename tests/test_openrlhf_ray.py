@@ -1,17 +1,19 @@
 """The launcher's wiring against OpenRLHF 0.11.2's real trainer code, on CPU, in a real Ray worker (num_gpus=0).
 
 OpenRLHF's trainer modules import flash-attn, vLLM and DeepSpeed at module top; none runs on CPU, so this module puts
-import-only stand-ins on the path (tests/fixtures/openrlhf/stubs: every callable there raises). Then:
+import-only stand-ins on the path for the CUDA-only packages (tests/fixtures/openrlhf/stubs: flash_attn and vllm;
+every callable there raises; DeepSpeed is the real one). Then:
 * the launcher's install() swaps the actor classes and wraps get_strategy; OpenRLHF's own get_strategy builds the
   strategy from args parsed by OpenRLHF's own parser from a preset's command line;
 * a PolicyModelActor created exactly as OpenRLHF's RayActorGroup would (but num_gpus=0) is our subclass in the
-  worker, receives ``args.nsr`` inside the pickled strategy, installs NSRPolicyLoss into a real ActorPPOTrainer, and
-  OpenRLHF's real ``training_step`` (on a tiny CPU model; DeepSpeed's backward/step replaced by plain torch) logs
-  our ``nsr_*`` metrics;
+  worker and receives ``args.nsr`` inside the pickled strategy (the training step itself, with real DeepSpeed and
+  OpenRLHF's Actor, is tests/test_openrlhf_deepspeed.py);
 * the controller's advantage interventions on OpenRLHF's real ``compute_advantages_and_returns`` equal
-  ``nsr.compute_advantages``, and its metrics.jsonl row equals metrics.row_from_logs.
+  ``nsr.compute_advantages``, its metrics.jsonl row equals metrics.row_from_logs, and it stops OpenRLHF's real fit
+  loop at train.steps.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -38,22 +40,28 @@ def orl():
 
     yield SimpleNamespace(ppo_actor=ppo_actor, ppo_trainer=ppo_trainer, actors=actors, launch=launch)
     sys.path.remove(str(STUBS))  # later test modules must not find the stand-ins
-    for name in [m for m in sys.modules if m.split(".")[0] in ("flash_attn", "vllm", "deepspeed", "_stub")]:
+    for name in [m for m in sys.modules if m.split(".")[0] in ("flash_attn", "vllm", "_stub")]:
         del sys.modules[name]
 
 
 @pytest.fixture(scope="module")
 def ray_session(orl):
-    # Workers inherit the driver's environment: the stubs, the repo and this folder (for the functions sent below).
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(STUBS), str(ROOT), str(ROOT / "tests")] + ([old] if old else []))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    """Workers import nsr from its install (pip install -e .); the stand-ins travel as Ray py_modules, and the
+    functions this module sends are pickled by value, so no path is exported."""
+    from ray import cloudpickle  # Ray's own copy pickles the tasks
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    stubs = [str(p) for p in sorted(STUBS.iterdir()) if p.is_dir() or p.suffix == ".py"]
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"py_modules": stubs},
+    )
     yield
     ray.shutdown()
-    if old is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = old
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def _args(overrides=()):
@@ -69,78 +77,17 @@ def _args(overrides=()):
     return parse(rest), settings
 
 
-class TinyActor(torch.nn.Module):
-    """The interface ActorPPOTrainer.training_step calls on openrlhf.models.Actor, on a 2-layer CPU model."""
+def in_the_worker(actor, strategy):
+    """Executed inside the Ray actor (``__ray_call__``): what the worker built from the pickled strategy."""
+    from nsr.openrlhf.actors import make_loss
 
-    def __init__(self, vocab=11, dim=8):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.emb = torch.nn.Parameter(torch.randn(vocab, dim, generator=g))
-        self.out = torch.nn.Parameter(torch.randn(dim, vocab, generator=g))
-
-    def forward(self, sequences, action_mask, attention_mask=None, return_output=False, return_entropy=False, **kw):
-        logits = self.emb[sequences] @ self.out  # (B, T, V)
-        logp = logits[:, :-1].log_softmax(-1).gather(-1, sequences[:, 1:, None]).squeeze(-1)
-        A = action_mask.shape[1]
-        out = SimpleNamespace(entropy=-(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1), aux_loss=None)
-        return (logp[:, -A:], out) if return_output else logp[:, -A:]
-
-
-class CPUStrategy:
-    """DeepSpeed's part of the strategy (backward, optimizer step, grad norm), in plain torch."""
-
-    def __init__(self, strategy):
-        self.args, self.ring_attn_group = strategy.args, None
-
-    def backward(self, loss, model, optim):
-        loss.backward()
-
-    def optimizer_step(self, optim, model, scheduler, name="actor"):
-        optim.step()
-        optim.zero_grad()
-        scheduler.step()
-
-    def get_grad_norm(self, model):
-        return 0.0
-
-
-def run_training_step(actor, strategy, checkpoint_states):
-    """Executed inside the Ray actor (``__ray_call__``): a real ActorPPOTrainer's training_step after install_nsr."""
-    from openrlhf.models import PolicyLoss
-    from openrlhf.trainer.ppo_utils.experience import Experience
-    from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
-
-    from nsr.openrlhf.actors import policy_loss_kwargs
-
-    args = strategy.args
-    trainer = object.__new__(ActorPPOTrainer)  # __init__ needs NCCL; these are the attributes training_step reads
-    model = TinyActor()
-    optim = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer.args, trainer.strategy, trainer.actor, trainer.actor_optim = args, CPUStrategy(strategy), model, optim
-    trainer.actor_scheduler = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 1.0)
-    trainer.ema_model, trainer.aux_loss, trainer.replay_buffer = None, False, None
-    trainer.actor_loss_fn = PolicyLoss(**policy_loss_kwargs(args))  # what OpenRLHF installed
-    installed = actor.install_nsr(args, trainer, checkpoint_states)
-    actor.fit_step = actor._nsr_rl_step
-
-    g = torch.Generator().manual_seed(1)
-    B, T, A = 6, 12, 8
-    seq = torch.randint(0, 11, (B, T), generator=g)
-    mask = torch.arange(A)[None] < torch.tensor([8, 8, 5, 7, 3, 8])[:, None]
-    with torch.no_grad():
-        old = model(seq, mask) + 0.5 * torch.randn(B, A, generator=g)  # a stale policy: ratios far from 1
-    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])[:, None].expand(B, A) * mask
-    exp = Experience(sequences=seq, attention_mask=torch.ones_like(seq), action_mask=mask, action_log_probs=old)
-    exp.advantages, exp.info = adv, {}
-    status = trainer.training_step(exp, 0.0, 0, {"dp_size": 1, "batch_num_tokens": float(mask.sum())})
-    metrics = {k: float(torch.as_tensor(v).float().mean()) for k, v in status["metrics"].items()}
+    loss = make_loss(strategy.args, rank=0)
     return {
-        "installed": installed,
         "actor_class": f"{type(actor).__module__}.{type(actor).__name__}",
-        "loss_class": type(trainer.actor_loss_fn).__name__,
-        "nsr": args.nsr,
-        "rl_step": actor._nsr_rl_step,
-        "metrics": metrics,
+        "nsr": strategy.args.nsr,
+        "loss_class": type(loss).__name__,
+        "rule": loss.cfg.rule,
+        "level": loss.cfg.level,
         "pid": os.getpid(),
     }
 
@@ -160,7 +107,9 @@ def test_install_swaps_openrlhfs_classes_and_strategy_carries_the_config(orl):
 
 
 @pytest.mark.parametrize("rule", ["nsr", "hard"])
-def test_actor_in_a_ray_worker_runs_nsr_inside_openrlhfs_training_step(orl, ray_session, rule):
+def test_the_ray_worker_builds_our_actor_and_loss_from_the_pickled_strategy(orl, ray_session, rule):
+    """The training step itself runs for real (DeepSpeed, OpenRLHF's Actor) in tests/test_openrlhf_deepspeed.py;
+    here: in a real Ray worker the actor class is ours and the config arrives inside OpenRLHF's strategy."""
     import openrlhf.utils
 
     args, settings = _args([f"loss.rule={rule}", "loss.delta=0.3"])
@@ -168,19 +117,12 @@ def test_actor_in_a_ray_worker_runs_nsr_inside_openrlhfs_training_step(orl, ray_
     strategy = openrlhf.utils.get_strategy(args)
     # as RayActorGroup creates it (launcher.py), minus the GPU
     actor = orl.ppo_actor.PolicyModelActor.options(num_gpus=0).remote(1, 0, None, None)
-    out = ray.get(actor.__ray_call__.remote(run_training_step, strategy, {"global_step": 4}), timeout=300)
+    out = ray.get(actor.__ray_call__.remote(in_the_worker, strategy), timeout=300)
     ray.kill(actor)
     assert out["pid"] != os.getpid()
     assert out["actor_class"] == "nsr.openrlhf.actors.NSRPolicyModelActor"
-    assert out["loss_class"] == "NSRPolicyLoss" and out["installed"]["rule"] == rule
     assert out["nsr"] == settings  # the config rode in the pickled strategy
-    assert out["rl_step"] == 4  # resumed at global_step 4: the streams continue there
-    m = out["metrics"]
-    assert {"nsr_clip_frac_low", "nsr_clip_frac_high", "nsr_rescue_frac", "nsr_pushout_frac"} <= set(m)
-    assert m["nsr_clip_frac_low"] + m["nsr_clip_frac_high"] == pytest.approx(m["ppo_clip_ratio"], abs=1e-6)
-    assert m["ppo_clip_ratio"] > 0
-    assert (m["nsr_rescue_frac"] > 0) == (rule == "nsr")
-    assert "entropy_loss" in m and "policy_loss" in m  # entropy_coef 0 still logs entropy
+    assert (out["loss_class"], out["rule"], out["level"]) == ("NSRPolicyLoss", rule, "token")
 
 
 def _experiences(orl, rewards, n_samples, split):
@@ -228,16 +170,17 @@ def test_controller_advantages_equal_nsr_compute_advantages(orl, overrides, tmp_
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
     controller = object.__new__(orl.actors.NSRPPOTrainer)
     controller.experience_maker, controller.strategy = _maker(orl, args), SimpleNamespace(args=args)
+    controller.samples_generator = Loader(0)
     controller.install_nsr(args)
     controller._nsr_step = 7
     exps = controller.experience_maker.compute_advantages_and_returns(_experiences(orl, rewards, 4, split=5))
     ours = torch.empty(len(rewards))
     for e in exps:
         assert torch.all(e.advantages[:, :-1] == e.advantages[:, :1])  # constant along the response
-        assert torch.all(e.advantages[:, -1] == (0 if settings.adv_noise_mode == "add" else e.advantages[:, -1]))
+        assert torch.all(e.advantages[:, -1] == (0 if settings.advantages.noise_mode == "add" else e.advantages[:, -1]))
         ours[torch.tensor(e.index)] = e.advantages[:, 0]
     want = nsr.compute_advantages(
-        torch.tensor(rewards), torch.arange(len(rewards)) // 4, settings.advantage_config(), step_generator(0, 7)
+        torch.tensor(rewards), torch.arange(len(rewards)) // 4, settings.advantages, step_generator(0, 7)
     )
     torch.testing.assert_close(ours, want.float(), rtol=1e-5, atol=1e-6)
 
@@ -246,9 +189,10 @@ def test_controller_writes_one_metrics_row_per_step(orl, tmp_path):
     from experiments.openrlhf.metrics import row_from_logs
 
     args, settings = _args()
-    args.nsr = settings.__class__(**{**vars(settings), "metrics_path": str(tmp_path / "metrics.jsonl")})
+    args.nsr = dataclasses.replace(settings, metrics_path=str(tmp_path / "metrics.jsonl"))
     controller = object.__new__(orl.actors.NSRPPOTrainer)
     controller.experience_maker, controller.strategy = _maker(orl, args), SimpleNamespace(args=args)
+    controller.samples_generator = Loader(0)
     controller.install_nsr(args)
     controller.args, controller.wandb_logger, controller.tensorboard_logger = args, None, None
     args.ckpt.save_steps = float("inf")  # as PPOTrainer.__init__ sets it when checkpoints are off
@@ -256,4 +200,76 @@ def test_controller_writes_one_metrics_row_per_step(orl, tmp_path):
     for step in (1, 2):
         controller.save_logs_and_checkpoints(step, logs, {})
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert rows == [row_from_logs(1, logs), row_from_logs(2, logs)]
+    assert [r["step"] for r in rows] == [1, 2]  # one row per step, in order, appended before the checkpoint
+    assert (rows[0]["policy_loss"], rows[0]["reward_mean"], rows[0]["rescue_frac"]) == (0.5, 0.25, 0.01)
+    assert rows[0]["entropy"] is None and "generated_samples" not in rows[0]  # not logged: null, text dropped
+    assert rows[1] == row_from_logs(2, logs)
+
+
+class Loader:
+    """The prompt side of OpenRLHF's SamplesGenerator (vLLM generation cannot run on CPU): ``batches`` rollouts,
+    then exhausted, as ``generate_samples`` reports it; a dataloader state that counts the batches drawn."""
+
+    def __init__(self, batches):
+        self.batches, self.drawn = batches, 0
+
+    def generate_samples(self, **kwargs):
+        self.drawn += 1
+        return [f"rollout{self.drawn}"], None, 1, self.drawn >= self.batches
+
+    def __len__(self):
+        return self.batches
+
+    def state_dict(self):
+        return {"drawn": self.drawn}
+
+    def load_state_dict(self, state):
+        self.drawn = state["drawn"]
+
+
+def _controller(orl, args, batches, resumed_at=0):
+    """An NSRPPOTrainer whose fit is OpenRLHF's real PPOTrainer.fit loop; below NSRPPOTrainer.train_step and
+    save_logs_and_checkpoints, the GPU work (experience making, PPO update, vLLM sync, DeepSpeed save) is recorded
+    instead of done."""
+
+    class Recorded(orl.actors.BasePPOTrainer):
+        def train_step(self, rollout_samples, global_step):
+            self.trained.append((global_step + 1, rollout_samples[0]))
+            return {"policy_loss": 0.0}, global_step + 1
+
+        def save_logs_and_checkpoints(self, global_step, logs_dict=None, client_states=None):
+            self.saved.append(global_step)
+
+        def init_checkpoint_states(self):
+            base = {"episode": 0, "total_consumed_prompts": resumed_at, "best_eval_metric_key": None}
+            return {**base, "global_step": resumed_at, "data_loader_state_dict": {"drawn": resumed_at}}
+
+        def broadcast_to_vllm(self):
+            pass
+
+    Trainer = type("Trainer", (orl.actors.NSRPPOTrainer, Recorded), {})  # MRO: NSR layer, then the recorder
+    t = object.__new__(Trainer)
+    loader = Loader(batches)
+    t.args, t.strategy, t.trained, t.saved = args, SimpleNamespace(args=args), [], []
+    t.experience_maker, t.samples_generator, t.prompts_dataloader = _maker(orl, args), loader, loader
+    t.eval_dataloader, t.wandb_logger, t.tensorboard_logger, t.generate_kwargs = None, None, None, {}
+    t.install_nsr(args)
+    return t
+
+
+@pytest.mark.parametrize("resumed_at", [0, 2])
+def test_every_arm_stops_at_train_steps_whatever_data_is_left(orl, resumed_at):
+    """With dynamic filtering the loader holds 3x the prompts a run needs; OpenRLHF's fit runs until they are gone
+    (an arm-dependent step). --nsr.max_steps stops OpenRLHF's own loop at train.steps, also after a resume."""
+    args, settings = _args(["train.steps=5"])
+    assert settings.max_steps == 5
+    args.nsr = settings
+    t = _controller(orl, args, batches=12, resumed_at=resumed_at)
+    t.fit()
+    assert [s for s, _ in t.trained] == list(range(resumed_at + 1, 6)) and t.saved == list(range(resumed_at + 1, 6))
+    assert t.trained[0][1] == f"rollout{resumed_at + 1}"  # the loader continued where the checkpoint left it
+    uncapped = dataclasses.replace(settings, max_steps=0)  # what OpenRLHF alone does: all 12 batches
+    args.nsr = uncapped
+    t = _controller(orl, args, batches=12)
+    t.fit()
+    assert [s for s, _ in t.trained] == list(range(1, 13))
