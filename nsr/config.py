@@ -68,6 +68,29 @@ class LossConfig:
     clip_ratio_low 10 for that reason. The default 5.0 is the absolute cap TRL recommends for loss_type="cispo"
     (its epsilon_high). None = 1 + eps_high, the cap of verl's cispo (clip_ratio_high on the eps scale).
     Used by rule cispo only."""
+    ce_gppo_beta1: float = 0.5
+    """CE-GPPO (arXiv 2509.20712): scale of the kept gradient of clipped A < 0 units (r < 1 - eps_low), in
+    [0, 10]; published 0.5 or 0.75. Used by rule ce_gppo only (nsr/related.py, as the fields below)."""
+    ce_gppo_beta2: float = 1.0
+    """CE-GPPO: scale of the kept gradient of clipped A > 0 units (r > 1 + eps_high), in [0, 10]; published 1."""
+    dcpo_cap: float = 10.0
+    """DCPO (arXiv 2509.02333): cap of the dynamic upper bound hi(q) (> 1); the authors' max(clip_ratio_c, 10)."""
+    clip_cov_frac: float = 2e-4
+    """Clip-Cov (arXiv 2505.22617): fraction of the valid tokens detached, in (0, 1]; published 2e-4 (the tiny
+    presets use 1e-2: docs/method.md [choice])."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: lower bound of the covariance band of the tokens it may detach (published 1)."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: upper bound of that band (> clip_cov_lb; published 5)."""
+    kl_cov_frac: float = 2e-3
+    """KL-Cov (arXiv 2505.22617): fraction of the valid tokens penalized, in (0, 1]; published 2e-3 (Qwen2.5-7B
+    recipe; 2e-4 for 32B and verl's default; the tiny presets use 1e-2)."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov: coefficient of |log r| on the penalized tokens (>= 0; published 1)."""
+    dppo_delta: float = 0.15
+    """DPPO-TV (arXiv 2602.04879): threshold on the probability change pi - pi_old, in (0, 1); published 0.15."""
+    dppo_cap: float = 20.0
+    """DPPO-TV: truncation C of its IS weight min(r, C) (>= 1); verl's fallback 20 (its example script: 1e4)."""
 
     def __post_init__(self):
         from nsr.objectives import RULES  # the registry lives with the rules; imported late to avoid a cycle
@@ -101,6 +124,16 @@ class LossConfig:
         _number(name, "sapo_tau_neg", self.sapo_tau_neg, "sapo_tau_neg > 0", lambda v: v > 0)
         if self.cispo_cap is not None:
             _number(name, "cispo_cap", self.cispo_cap, "cispo_cap >= 1, or None (1 + eps_high)", lambda v: v >= 1)
+        for key in ("ce_gppo_beta1", "ce_gppo_beta2"):
+            _number(name, key, getattr(self, key), f"0 <= {key} <= 10", lambda v: 0 <= v <= 10)
+        _number(name, "dcpo_cap", self.dcpo_cap, "dcpo_cap > 1", lambda v: v > 1)
+        for key in ("clip_cov_frac", "kl_cov_frac"):
+            _number(name, key, getattr(self, key), f"0 < {key} <= 1", lambda v: 0 < v <= 1)
+        _number(name, "clip_cov_lb", self.clip_cov_lb, "any clip_cov_lb < clip_cov_ub", lambda v: True)
+        _number(name, "clip_cov_ub", self.clip_cov_ub, "clip_cov_ub > clip_cov_lb", lambda v: v > self.clip_cov_lb)
+        _number(name, "kl_cov_coef", self.kl_cov_coef, "kl_cov_coef >= 0", lambda v: v >= 0)
+        _number(name, "dppo_delta", self.dppo_delta, "0 < dppo_delta < 1", lambda v: 0 < v < 1)
+        _number(name, "dppo_cap", self.dppo_cap, "dppo_cap >= 1", lambda v: v >= 1)
 
     @property
     def low(self) -> float:
