@@ -413,6 +413,7 @@ class RunDir:
         except RunFolderError:  # cannot even open the lock (a read-only copy): nobody runs it from here
             return False
 
+    # ------------------------------------------------------------ SLURM
     def job_record(self) -> dict:
         """slurm.json (written by slurm.submit), {} if absent or unreadable."""
         try:
@@ -420,6 +421,17 @@ class RunDir:
         except (OSError, UnicodeDecodeError, ValueError):
             return {}
         return rec if isinstance(rec, dict) else {}
+
+    def job_id(self) -> str | None:
+        """The SLURM job that owns the folder: from slurm.json, else from status.json's SLURM variables."""
+        rec = self.job_record()
+        if rec.get("cluster") == "slurm" and rec.get("job_id"):
+            return str(rec["job_id"])
+        st = self.status() or {}
+        if st.get("slurm_array_job_id") and st.get("slurm_array_task_id"):
+            return f"{st['slurm_array_job_id']}_{st['slurm_array_task_id']}"
+        job = st.get("slurm_job_id")
+        return str(job) if job else None
 
 
 def runs_by_hash(root: str | Path = RUNS_ROOT, bad: list | None = None) -> dict[str, list[Path]]:

@@ -24,7 +24,6 @@ from pathlib import Path
 from experiments.config import ConfigError
 from experiments.rundir import BAD, RUNS_ROOT, RunDir, RunFolderError
 from slurm import queue
-from slurm.submit import job_of, read_record
 from sweeps import expand
 
 
@@ -44,7 +43,7 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
     for s in specs:
         rd = RunDir(root / s.sweep / s.run_id)
         st = rd.status() or {}
-        state = st.get("state") or ("submitted" if read_record(rd.path) else "-")
+        state = st.get("state") or ("submitted" if rd.job_record() else "-")
         error = (st.get("error") or "").splitlines()[-1:] if state != "done" else []
         try:
             rd.config_hash()
@@ -57,7 +56,7 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
                 "run_id": s.run_id,
                 "arm": s.meta["arm"],
                 "state": state,
-                "job": job_of(rd.path),
+                "job": rd.job_id(),
                 "steps": _steps(rd),
                 "attempts": st.get("attempts", 0),
                 "error": error[0] if error else "",

@@ -131,23 +131,6 @@ class Decision:
     reason: str
 
 
-def read_record(out: Path) -> dict:
-    """The folder's slurm.json ({} if absent or unreadable)."""
-    return RunDir(out).job_record()
-
-
-def job_of(out: Path) -> str | None:
-    """The SLURM job id that owns a run folder: from slurm.json, else from status.json's SLURM variables."""
-    rec = read_record(out)
-    if rec.get("cluster") == "slurm" and rec.get("job_id"):
-        return str(rec["job_id"])
-    st = RunDir(out).status() or {}
-    if st.get("slurm_array_job_id") and st.get("slurm_array_task_id"):
-        return f"{st['slurm_array_job_id']}_{st['slurm_array_task_id']}"
-    job = st.get("slurm_job_id")
-    return str(job) if job else None
-
-
 def _busy_elsewhere(spec: RunSpec, folder: Path, index: dict, live: dict[str, str] | None) -> str | None:
     """Why ``spec`` need not run: its config is done, or queued / running, in another folder (None if not)."""
     others = [p for p in index.get(spec.config.run_hash(), []) if p.resolve() != folder.resolve()]
@@ -155,7 +138,7 @@ def _busy_elsewhere(spec: RunSpec, folder: Path, index: dict, live: dict[str, st
         if RunDir(p).state() == "done":
             return f"done in {p} (the same config)"
     for p in others:
-        job = job_of(p)
+        job = RunDir(p).job_id()
         if job and live is not None and job in live:
             return f"job {job} is {live[job]} in {p} (the same config)"
         if RunDir(p).locked():
@@ -180,7 +163,7 @@ def plan(specs: list[RunSpec], out_root: Path, retry_failed: bool, live: dict[st
             bad = st.get("problem") if state == BAD else None
         except RunFolderError as e:
             bad = str(e)
-        job = job_of(folder)
+        job = rd.job_id()
         elsewhere = None if state == "done" or bad else _busy_elsewhere(spec, folder, index, live)
         if state == "done":
             out.append(Decision(spec, folder, False, "done"))

@@ -20,7 +20,7 @@ import yaml
 from experiments.rundir import RunDir, read_jsonl
 from slurm import queue
 from slurm.status import rows
-from slurm.submit import main, plan, read_record, submit
+from slurm.submit import main, plan, submit
 from sweeps import expand
 
 pytestmark = pytest.mark.slurm
@@ -129,7 +129,7 @@ def test_sweep_finishes_resubmits_nothing_and_reports_a_failure(tmp_path, capsys
 
     for d in sub.submitted:
         assert RunDir(d.out).state() == "done" and n_rows(d.out) == 4
-        assert read_record(d.out)["job_id"] == str(sub.jobs[sub.submitted.index(d)].job_id)
+        assert RunDir(d.out).job_record()["job_id"] == str(sub.jobs[sub.submitted.index(d)].job_id)
         meta = yaml.safe_load((d.out / "config.yaml").read_text())["meta"]
         assert meta == {**meta, **d.spec.meta}  # arm, point, seed, baseline, preset reach the analysis
     failed = sub_bad.submitted[0].out
@@ -229,7 +229,7 @@ def test_local_and_debug_executors_run_without_slurm(tmp_path):
     for sub, cluster in ((local, "local"), (debug, "debug")):
         (d,) = sub.submitted
         assert RunDir(d.out).state() == "done" and n_rows(d.out) == 2
-        assert read_record(d.out)["cluster"] == cluster
+        assert RunDir(d.out).job_record()["cluster"] == cluster
     assert [d.submit for d in submit(sw, cluster="local", dry_run=True, **kw).decisions] == [False, False]
 
 

@@ -64,7 +64,7 @@ def test_run_ids_are_stable_and_carry_the_config_hash():
 def test_delta_sweep_meta_and_values():
     runs = expand("delta", preset="tiny")
     arms = {r.meta["arm"] for r in runs}
-    assert arms == {"hard", "nsr", "widened"}
+    assert arms >= {"hard", "nsr", "widened"}  # and the controls the sweep file adds next to them
     nsr = [r for r in runs if r.meta["arm"] == "nsr"]
     assert sorted({r.meta["point"]["loss.delta"] for r in nsr}) == [0.05, 0.1, 0.2, 0.3, 0.5]
     assert all(r.config.loss.delta == r.meta["point"]["loss.delta"] and r.config.loss.rule == "nsr" for r in nsr)
