@@ -11,16 +11,16 @@ rule     loss per token                                         published defaul
 gppo     -A r outside the clip; clipped: -A * b * r / sg(r),    eps 0.2 / 0.28 (Klear recipe; dual clip 10 in
          b = 1 + eps_high (A > 0) or 1 - eps_low (A < 0)        the recipe = loss.dual_clip, off here)
 ce_gppo  gppo with b times beta1 (A < 0 side) / beta2 (A > 0)   ce_gppo_beta1 0.5 (paper also 0.75; Klear's
-                                                                 script 0.25), ce_gppo_beta2 1.0
+                                                                script 0.25), ce_gppo_beta2 1.0
 dcpo     -min(r A, clip(r, lo(q), hi(q)) A),                    eps 0.2 / 0.28, dcpo_cap 10 (dual clip 10 in
-         lo(q) = (1 + sqrt(max(0, 1 - 4 eps_low / q))) / 2,      the recipe = loss.dual_clip, off here)
+         lo(q) = (1 + sqrt(max(0, 1 - 4 eps_low / q))) / 2,     the recipe = loss.dual_clip, off here)
          hi(q) = min((1 + sqrt(1 + 4 eps_high / q)) / 2, cap)
-clip_cov PPO min-form; a random clip_cov_frac x n_valid of the     clip_cov_frac 2e-4, bounds (1, 5); the
-         unclipped tokens with lb < cov < ub get loss 0          recipe's PPO bounds are eps 1 / 1
-kl_cov   -A r (no clip) + kl_cov_coef |log r| on the top          kl_cov_frac 2e-3 (7B recipe; 2e-4 for 32B
-         kl_cov_frac x n_valid tokens by cov                     and verl's default), kl_cov_coef 1
-dppo_tv  -A sg(min(r, C)) log r on kept tokens, 0 on dropped:    dppo_delta 0.15, dppo_cap C 20 (verl's
-         A > 0 drops pi - q > delta, A < 0 drops pi - q < -delta  fallback; the example script sets 1e4)
+clip_cov PPO min-form; a random clip_cov_frac x n_valid of the  clip_cov_frac 2e-4, bounds (1, 5); the
+         unclipped tokens with lb < cov < ub get loss 0         recipe's PPO bounds are eps 1 / 1
+kl_cov   -A r (no clip) + kl_cov_coef |log r| on the top        kl_cov_frac 2e-3 (7B recipe; 2e-4 for 32B
+         kl_cov_frac x n_valid tokens by cov                    and verl's default), kl_cov_coef 1
+dppo_tv  -A sg(min(r, C)) log r on kept tokens, 0 on dropped;   dppo_delta 0.15, dppo_cap C 20 (verl's
+         A > 0 drops pi - q > delta, A < 0 pi - q < -delta      fallback; the example script sets 1e4)
 ======== ====================================================== ============================================
 
 cov = (A - mean A)(log pi - mean log pi), means over the minibatch's valid tokens (Clip-Cov / KL-Cov); the token
@@ -29,10 +29,11 @@ counts are floor(frac x n_valid), at least 1, kept as tensors: the selection is 
 one uniform priority per token from the run's generator and takes the k smallest among the eligible tokens.
 
 Tiny-scale fractions ([choice], docs/method.md): a tiny minibatch has ~384 valid tokens (32 x 8 responses of 6
-tokens / 4 minibatches), so the published 2e-4 floors to the minimum of 1 token per minibatch; the `related`
-sweep's tiny arms use clip_cov_frac = kl_cov_frac = 1e-2 (3 tokens), a share still below the ~2.4 % of tokens the
-hard clip drops there (median clip_frac of the committed tiny `related` grid's hard runs). The cluster presets
-keep the published 2e-4 (Clip-Cov) and 2e-3 (KL-Cov, Qwen2.5-7B recipe).
+tokens / 4 minibatches), so the published 2e-4 floors to the minimum of 1 token per minibatch. The tiny testbed's
+value is clip_cov_frac = kl_cov_frac = 1e-2 (3 tokens; ``loss.clip_cov_frac=1e-2 loss.kl_cov_frac=1e-2``), a share
+still below the ~2.4 % of tokens the hard clip drops there (median clip_frac of the hard runs of the tiny
+`related` grid at commit 2160872); at the warm start 13 of a minibatch's 384 tokens lie in Clip-Cov's (1, 5) band.
+The cluster presets keep the published 2e-4 (Clip-Cov) and 2e-3 (KL-Cov, Qwen2.5-7B recipe).
 
 Metrics (nsr.METRIC_KEYS): clip_frac_low / clip_frac_high count the tokens each rule's own bounds flag (GPPO and
 CE-GPPO: those whose gradient is rescaled, also reported as rescue_frac when their beta is > 0; DPPO-TV: the
