@@ -30,7 +30,6 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,7 +204,7 @@ class Submission:
 
 
 def _params(res: dict, name: str, max_parallel: int | None) -> dict[str, Any]:
-    setup = [f'export PYTHONPATH="{REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"', *res.get("setup", [])]
+    setup = list(res.get("setup", []))  # the job's python is this one, which has the repo installed (pip install -e .)
     params = {
         "name": name,
         "timeout_min": res["time_min"],
@@ -222,20 +221,6 @@ def _params(res: dict, name: str, max_parallel: int | None) -> dict[str, Any]:
         if res.get(key):
             params[f"slurm_{key}"] = res[key]
     return params
-
-
-@contextlib.contextmanager
-def _pythonpath() -> Iterator[None]:
-    """Local jobs inherit this process's environment: make the repo importable in them."""
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{old}" if old else str(REPO_ROOT)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 def _job(d: Decision, res: dict) -> RunJob:
@@ -351,19 +336,18 @@ def _run_here(ex, todo: list[Decision], res: dict, cluster: str, logs: Path, max
     """local: processes, at most ``max_parallel`` at once; debug: one after the other in this process. Waits."""
     width = max_parallel or (1 if cluster == "debug" else os.cpu_count() or 1)
     jobs, running = [], []
-    with _pythonpath():
-        for d in todo:
-            while len(running) >= width:
-                running = [j for j in running if not j.done()]
-                time.sleep(0.2)
-            j = ex.submit(_job(d, res))
-            _record(d, j, cluster, logs)
-            jobs.append(j)
-            running.append(j)
-            if cluster == "debug":
-                _wait(j)
-        for j in jobs:
+    for d in todo:
+        while len(running) >= width:
+            running = [j for j in running if not j.done()]
+            time.sleep(0.2)
+        j = ex.submit(_job(d, res))
+        _record(d, j, cluster, logs)
+        jobs.append(j)
+        running.append(j)
+        if cluster == "debug":
             _wait(j)
+    for j in jobs:
+        _wait(j)
     return jobs
 
 

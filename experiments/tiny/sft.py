@@ -9,8 +9,6 @@ atomically (temp file + os.replace) under a file lock, so two jobs that need it 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 from tqdm import tqdm
 
 from experiments.config import RunConfig
@@ -31,7 +30,7 @@ from experiments.tiny.task import get_task
 
 SFT_VERSION = 1
 """Bump when the warm-start code changes its numbers, so stale caches are not reused."""
-SFT_BETAS = (0.9, 0.98)  # shared/notes/cpu-testbed.md, "SFT"
+SFT_BETAS = (0.9, 0.98)  # docs/testbed.md, "Warm start (SFT)"
 
 
 def cache_dir() -> Path:
@@ -89,19 +88,12 @@ def train_sft(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
     return model.state_dict(), info
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # blocks while another job builds the same warm start
-        yield
-
-
 def warm_start(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
     """(state_dict, info) of the cached warm start of ``cfg``, building it first if it is missing."""
     path = sft_path(cfg)
     if not path.exists():
-        with _file_lock(path.with_suffix(".lock")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(path.with_suffix(".lock")):  # blocks while another job builds the same warm start
             if not path.exists():  # another job may have built it while we waited
                 state, info = train_sft(cfg, progress)
                 with atomic_path(path) as tmp:
