@@ -59,7 +59,7 @@ class Issue:
     run_id: str
     kind: str
     """no_config | bad_config | bad_meta | no_status | bad_status | running | failed | cancelled | no_metrics |
-    truncated | corrupt_lines | duplicate_steps | no_eval | bad_eval | incomplete | copy | legacy"""
+    truncated | corrupt_lines | duplicate_steps | no_eval | bad_eval | incomplete | copy"""
     message: str
 
     def __str__(self) -> str:
@@ -230,26 +230,6 @@ READ_COLUMNS = ("reward_mean", "entropy", "clip_frac_low", "clip_frac_high", "cl
 """The metrics.jsonl fields the analysis reads: a NaN, an infinity or a non-number in one makes the run incomplete."""
 
 
-LEGACY_SUFFIX = "_oldcode"
-"""Appended to the arm of a run whose rule meant something else when it ran (see :func:`_legacy`)."""
-
-
-def _legacy(config: dict, meta: dict) -> list[tuple[str, str]]:
-    """Fields whose meaning changed since older runs were made (the run's recorded hash then differs from today's):
-    ``[("translate" | "relabel", why)]``. A translated config is rewritten in place to today's name for what the old
-    code did; a relabelled one keeps its values, is matched to no sweep file and gets arm ``<arm>_oldcode``."""
-    out = []
-    adv, loss = config.get("advantages"), config.get("loss")
-    if isinstance(adv, dict) and adv.get("noise_mode") == "add" and adv.get("noise"):
-        adv["noise_mode"] = "add_all"
-        out.append(("translate", "advantages.noise_mode=add ran as today's add_all (noise on every group, also "
-                                 "those with no signal); read as add_all"))  # fmt: skip
-    if isinstance(loss, dict) and loss.get("rule") == "cispo" and "cispo_cap" not in loss:
-        why = "loss.rule=cispo ran with its IS weight clipped to [1 - eps_low, 1 + eps_high] (before cispo_cap)"
-        out.append(("relabel", f"{why}; counted as arm cispo{LEGACY_SUFFIX}, not as today's cispo"))
-    return out
-
-
 def find_run_dirs(root: Path, max_depth: int = 6) -> list[Path]:
     """Run folders (a folder with config.yaml, status.json or metrics.jsonl) at any depth under ``root`` (or
     ``root`` itself), sorted by path; a run folder's subfolders are not searched. Folders whose name starts with
@@ -393,9 +373,10 @@ def load_runs(
         sweeps_dir: sweep files (default: the repo's sweeps/); a run belongs to every sweep whose file has its
             config, besides the sweep its own config.yaml names. presets_dir: their presets (default sweeps/presets).
 
-    Identity: a run is its config hash (config.yaml ``meta.run_hash``, as written when it ran). Folders holding the
-    same config are one run: the first done-and-complete folder (its own sweep's folder first, then by path)
-    counts, the others are reported as ``copy`` issues and excluded. A done run whose metrics stop short of
+    Identity: a run is its config hash, recomputed from its config.yaml by today's RunConfig (``meta.run_hash`` when
+    that fails). A folder whose recorded hash differs was made by older code: ``legacy``. Folders holding the same
+    config are one run: the first done-and-complete one (current before legacy, its own sweep's folder first, then
+    by path) counts, the others are reported as ``copy`` issues and excluded. A done run whose metrics stop short of
     ``train.steps``, whose last eval is not at its last step, or whose metrics hold a value that is not a finite
     number is ``incomplete``: reported and excluded from every frame.
     """
@@ -446,21 +427,13 @@ def load_runs(
             excl = "" if state in states else "; excluded"
             issue(sweep, run_id, state, f"state {state}" + (f": {err}" if err else "") + excl)
 
-        legacy = _legacy(config, meta)
         flat = flatten(config)
-        try:  # the config as today's code reads it: what the sweep files' expansions are matched against
+        try:  # identity: the config as today's code reads it (what the sweep files' expansions are matched against)
             config_hash = from_dict(config).run_hash()
         except (ConfigError, TypeError, ValueError):
             config_hash = None
-        if legacy and isinstance(meta.get("run_hash"), str) and meta["run_hash"] != config_hash:
-            for _, why in legacy:
-                issue(sweep, run_id, "legacy", why)
-            if any(kind == "relabel" for kind, _ in legacy):
-                config_hash = None  # today's sweep files mean another config by these fields
-                meta = {**meta, "arm": f"{meta.get('arm') or flat.get('loss.rule')}{LEGACY_SUFFIX}"}
-            else:  # translated: today's name for what the old code did
-                config_hash = from_dict(config).run_hash()
-        run_hash = meta.get("run_hash") if isinstance(meta.get("run_hash"), str) else config_hash
+        recorded = meta.get("run_hash") if isinstance(meta.get("run_hash"), str) else None
+        run_hash = config_hash or recorded
         if not run_hash:
             issue(sweep, run_id, "bad_config", f"{rel}/config.yaml: no meta.run_hash and not a valid config; skipped")
             continue
@@ -472,6 +445,8 @@ def load_runs(
             "folder": rel,
             "hash": run_hash,
             "config_hash": config_hash,
+            "legacy": bool(recorded and config_hash and recorded != config_hash),
+            "git_commit": meta.get("git_commit"),
             "sweep": sweep,
             "run_id": run_id,
             "path": str(path),
@@ -606,14 +581,14 @@ def _eval_problems(c: pd.DataFrame, last_step: int | None) -> list[str]:
 
 
 def _dedupe(runs: pd.DataFrame, issue) -> None:
-    """One folder per config hash: keep the first done-and-included folder (a folder at <sweep>/<run_id> of its own
-    meta first, then by path); every other folder with that hash is a ``copy``, excluded."""
+    """One folder per config hash: keep the first done-and-included folder (current code before legacy, a folder at
+    <sweep>/<run_id> of its own meta first, then by path); every other folder with that hash is a ``copy``."""
     if not len(runs):
         runs["copy_of"] = pd.Series(dtype=object)
         return
     runs["copy_of"] = None
     canonical = runs["folder"] == runs["run"]
-    order = runs.assign(_c=~canonical, _i=~runs["included"]).sort_values(["hash", "_i", "_c", "folder"])
+    order = runs.assign(_c=~canonical, _i=~runs["included"]).sort_values(["hash", "_i", "legacy", "_c", "folder"])
     for _, g in order.groupby("hash", sort=False):
         if len(g) < 2:
             continue

@@ -152,6 +152,19 @@ def print_status(report: dict, notes) -> None:
         print("  note: " + n)
 
 
+def legacy_note(inc) -> list[str]:
+    """``["N legacy run(s) ... from commit X"]`` for counted runs made by older code (their recorded hash differs from
+    today's), or []: each is counted only because no run of its config by today's code exists."""
+    if not len(inc) or "legacy" not in inc.columns or not inc["legacy"].any():
+        return []
+    old = inc[inc["legacy"]]
+    commits = sorted({str(c)[:12] for c in old["git_commit"].dropna()}) if "git_commit" in old.columns else []
+    return [
+        f"{len(old)} legacy run(s) from commit {', '.join(commits) or 'unknown'}: made by older code (the hash in "
+        "their config.yaml differs from today's); each is counted because no run of its config by today's code exists"
+    ]
+
+
 def warn_excluded(rs: RunSet) -> dict[str, int]:
     """Print to stderr, with counts, every run folder left out of the tables (incomplete, copies, not done)."""
     runs = rs.runs
@@ -220,6 +233,7 @@ def make_all(
         nsr_runs = set(inc.loc[inc["loss.rule"] == "nsr", "run"]) if "loss.rule" in inc.columns else set()
         bins = rs.ratio_bins(nsr_runs)  # read here, so problems in these files reach status.md too
     expected, notes = expected_runs(rs, sweeps_dir, presets_dir)
+    notes = [*legacy_note(inc), *notes]
     report = status_report(rs, expected)
     report = {k: v for k, v in report.items() if k not in NOT_TABLED}
     n_distinct = summary["run"].nunique()
@@ -266,6 +280,7 @@ def make_all(
         out, claims_md, posthoc_md, [f for f in files if f.suffix == ".png" and f.parent == fig_dir],
         [f for f in files if f.suffix == ".md" and f.parent == tab_dir],
         report, rs.issues, n_distinct, len(rs.runs), excluded or _excluded_counts(rs), not_tabled,
+        legacy_note(inc),
     )  # fmt: skip
     files.append(write_text(inside(out / "report.html", out), page, out))
     return {"files": files, "status": report, "claims": results, "posthoc": posthoc, "issues": rs.issues,

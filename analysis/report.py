@@ -103,6 +103,7 @@ def render_report(
     n_folders: int,
     excluded: dict[str, int],
     not_tabled: dict[str, int],
+    notes: list[str] = (),
 ) -> str:
     """The report page as one HTML string (paths in it are relative to ``out``)."""
     out = Path(out)
@@ -126,6 +127,7 @@ def render_report(
             else ""
         )
         + "</p>",
+        *(f'<p class="note">{html.escape(n)}</p>' for n in notes),
         '<section id="claims"><h2>Claims</h2>',
         markdown_html(claims_md),
         "</section>",

@@ -9,11 +9,13 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 
 from analysis import make_all
 from analysis.figures import delta_x
 from analysis.load import RunWarning, load_runs
 from analysis.summary import summarize
+from experiments.config import from_dict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "runs"
 
@@ -96,6 +98,34 @@ def test_a_copy_anywhere_under_the_root_is_counted_once(tmp_path):
     assert delta_x(s, rs.runs).shape == (9,)  # used to crash on the duplicated run key
 
 
+def test_a_legacy_folder_counts_only_when_no_current_run_of_its_config_exists(tmp_path):
+    """A folder whose recorded hash differs from today's (made by older code) is the same config as a current folder
+    of it: the current one counts, the legacy one is a copy; alone, the legacy one counts and is flagged."""
+    root = fixture_copy(tmp_path)
+    src = run_dir(root, "nsr-s0")
+    recorded = next(line for line in (src / "config.yaml").read_text().splitlines() if "run_hash:" in line)
+    body = yaml.safe_load((src / "config.yaml").read_text())
+    body.pop("meta")
+    today = f"  run_hash: {from_dict(body).run_hash()}"  # the fixture as if written by today's code
+    (src / "config.yaml").write_text((src / "config.yaml").read_text().replace(recorded, today))
+    old = root / "old-code" / "nsr-s0-0ld0ld00"
+    shutil.copytree(src, old)
+    cfg = (old / "config.yaml").read_text().replace(today, "  run_hash: 0ld0ld00")
+    (old / "config.yaml").write_text(cfg.replace("git_commit: fixture", "git_commit: 0ldc0mm1t"))
+    rs = load(root)
+    runs = rs.runs.set_index("folder")
+    assert runs.at["old-code/nsr-s0-0ld0ld00", "legacy"] and not runs.at[f"rescue_vs_decay/{src.name}", "legacy"]
+    assert runs.at[f"rescue_vs_decay/{src.name}", "included"] and not runs.at["old-code/nsr-s0-0ld0ld00", "included"]
+    shutil.rmtree(src)  # now the legacy folder is the only run of that config
+    rs = load(root)
+    inc = rs.included[rs.included["folder"].str.startswith("old-code")]
+    assert inc["legacy"].all() and len(inc) == 1 and len(summarize(rs)) == 9
+    assert make_all.legacy_note(inc) == [
+        "1 legacy run(s) from commit 0ldc0mm1t: made by older code (the hash in their config.yaml differs from "
+        "today's); each is counted because no run of its config by today's code exists"
+    ]
+
+
 # ----------------------------------------------------------------------------------------- the pipeline
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
@@ -117,6 +147,7 @@ def hostile(tmp_path_factory):
     demo = root / "demo" / "nsr-demo"
     shutil.copytree(run_dir(root, "nsr-s2"), demo)
     cfg = (demo / "config.yaml").read_text().replace("sweep: rescue_vs_decay", "sweep: demo")
+    cfg = cfg.replace("\nseed: 2\n", "\nseed: 99\n")  # its own config, not a copy of nsr-s2
     (demo / "config.yaml").write_text(cfg.replace("run_hash: ", "run_hash: demo"))
     out = tmp / "out"
     res = make_all.make_all(root, out, quiet=True, sweeps_dir=tmp / "no-sweeps")
