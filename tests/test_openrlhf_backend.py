@@ -11,7 +11,7 @@ from experiments.openrlhf import data
 from experiments.openrlhf.backend import check_data, prune_checkpoints, repair_checkpoints, resume_step
 from experiments.openrlhf.evaluate import checkpoints, eval_rows, gpu_groups, load_benchmark
 from experiments.openrlhf.plan import plan_run
-from experiments.rundir import RunDir
+from experiments.rundir import RunDir, read_jsonl
 
 PRESET = Path(__file__).resolve().parents[1] / "sweeps" / "presets" / "qwen2.5-math-7b-dapo.yaml"
 
@@ -153,3 +153,51 @@ def test_eval_rows_score_each_sample(tmp_path):
     assert all(r["step"] == 50 and r["decoding"] == "sampled" and r["benchmark"] == "aime24" for r in rows)
     with pytest.raises(FileNotFoundError, match="python -m experiments.openrlhf.data --only amc"):
         load_benchmark(cfg, "amc")
+
+
+class Launched:
+    """Stands in for the two GPU processes the backend starts (OpenRLHF's trainer and the vLLM evaluator), which
+    cannot run on CPU: records each command and, for the trainer, logs ``steps`` metrics rows and writes
+    final_hf as OpenRLHF does."""
+
+    def __init__(self, rd, steps):
+        self.rd, self.steps, self.commands = rd, steps, []
+
+    def __call__(self, argv, log):
+        self.commands.append(argv[2])
+        if argv[2] == "nsr.openrlhf.launch":
+            self.rd.append("metrics.jsonl", [{"step": s} for s in range(1, self.steps + 1)])
+            (self.rd.path / "ckpt" / "final_hf").mkdir(parents=True, exist_ok=True)
+            (self.rd.path / "ckpt" / "_actor" / f"global_step{self.steps}").mkdir(parents=True, exist_ok=True)
+
+
+def _small_run(tmp_path, monkeypatch, steps_logged):
+    from experiments.openrlhf import backend
+
+    (tmp_path / "train.jsonl").write_text("{}\n" * 24)
+    cfg = _cfg(tmp_path, "train.steps=2", *SMALL, "eval.every=0", "openrlhf.save_steps=1")
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    launched = Launched(rd, steps_logged)
+    monkeypatch.setattr(backend, "_run_logged", launched)
+    return backend, cfg, rd, launched
+
+
+def test_a_run_that_stops_before_train_steps_is_not_done(tmp_path, monkeypatch):
+    """OpenRLHF ends quietly when its prompts run out; the backend raises instead of letting the run be marked
+    done (run() records status failed), and never evaluates it."""
+    backend, cfg, rd, launched = _small_run(tmp_path, monkeypatch, steps_logged=1)
+    with pytest.raises(RuntimeError, match="stopped at step 1 of train.steps=2.*the run is not done"):
+        backend.run_openrlhf(cfg, rd)
+    assert launched.commands == ["nsr.openrlhf.launch"]
+
+
+def test_a_requeued_run_whose_training_ended_goes_straight_to_evaluation(tmp_path, monkeypatch):
+    backend, cfg, rd, launched = _small_run(tmp_path, monkeypatch, steps_logged=2)
+    backend.run_openrlhf(cfg, rd)
+    assert launched.commands == ["nsr.openrlhf.launch", "experiments.openrlhf.evaluate"]
+    assert not (rd.path / "ckpt").exists()  # keep_checkpoint false: everything deleted after evaluation
+    (rd.path / "ckpt" / "final_hf").mkdir(parents=True)  # the job was requeued during the evaluation
+    backend.run_openrlhf(cfg, rd)
+    assert launched.commands[2:] == ["experiments.openrlhf.evaluate"]  # no second training
+    assert [r["step"] for r in read_jsonl(rd.metrics_path)] == [1, 2]
