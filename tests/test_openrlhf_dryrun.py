@@ -77,6 +77,8 @@ def test_resource_plan_per_run_and_sweep_total(tmp_path, capsys):
     # 2 DeepSpeed checkpoints (16 B/param) + 8 evaluated HF checkpoints (2 B/param) of 7.62e9 parameters
     assert run["disk_peak_gb"] == pytest.approx((2 * 16 + 8 * 2) * 7.62) and run["disk_kept_gb"] == 0
     assert tot["total"]["runs"] == 1 and tot["total"]["runs_short_of_rows"] == [run["run_id"]]
+    assert run["model_local"] is plan.model_local("Qwen/Qwen2.5-Math-7B")  # the HF cache, looked up offline
+    assert plan.model_local(str(tmp_path)) and not plan.model_local("nobody/no-such-model")
     data.write_text("{}\n" * run["rows_needed"])
     assert plan.main(argv) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[0])["rows_ok"]

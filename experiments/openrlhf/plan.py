@@ -13,6 +13,8 @@ Per run (:func:`plan_run`):
   holds; ``gpu_hours_estimate``: from the token budget (``train.steps`` x prompts x samples x tokens per sample) at
   the throughputs below; ``jobs_estimate``: allocations that takes (the job requeues and resumes). The estimate is
   for a decision, not a promise: measure one run's ``timing/step_total`` (metrics.jsonl ``wall_s``) and scale.
+* ``model_local``: the model is a local folder or already in the Hugging Face cache (``HF_HOME``); compute nodes
+  without internet need it there (docs/cluster.md, offline settings).
 * ``disk_peak_gb``: what its checkpoints hold at most: ``--ckpt.max_num`` DeepSpeed checkpoints (bf16 weights, fp32
   master weights and two Adam moments: BYTES_DS per parameter) plus one bf16 HF folder per evaluated step
   (BYTES_HF per parameter); ``disk_kept_gb``: what stays after the run (HF folders when ``logging.keep_checkpoint``).
@@ -77,6 +79,7 @@ class RunPlan:
     gpu_hours_estimate: float | None
     jobs_estimate: int | None
     """Allocations of ``time_limit_h`` the estimate needs (the job requeues itself and resumes)."""
+    model_local: bool
     disk_peak_gb: float | None
     disk_kept_gb: float | None
 
@@ -106,6 +109,18 @@ def site_time_limit_h(preset: str | None, site: str | Path | None = None) -> flo
     doc = yaml.safe_load(path.read_text()) or {}
     entry = {**(doc.get("default") or {}), **((doc.get("presets") or {}).get(preset) or {})}
     return entry["time_min"] / 60 if entry.get("time_min") else None
+
+
+def model_local(name: str) -> bool:
+    """A local model folder, or a hub id whose config.json is in the Hugging Face cache (no network used)."""
+    if Path(name).is_dir():
+        return True
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # noqa: BLE001 - an id the cache cannot even look up is not there
+        return False
 
 
 def gpu_hours_estimate(cfg: RunConfig) -> float | None:
@@ -146,6 +161,7 @@ def plan_run(cfg: RunConfig, run_id: str = "", time_limit_h: float | None = None
         gpu_hours_limit=limit,
         gpu_hours_estimate=estimate,
         jobs_estimate=math.ceil(estimate / limit) if estimate and limit else None,
+        model_local=model_local(cfg.model.name),
         disk_peak_gb=None if params is None else ds + hf,
         disk_kept_gb=None if params is None else (hf if cfg.logging.keep_checkpoint else 0.0),
     )
