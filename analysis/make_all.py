@@ -160,7 +160,7 @@ def legacy_note(inc) -> list[str]:
     old = inc[inc["legacy"]]
     commits = sorted({str(c)[:12] for c in old["git_commit"].dropna()}) if "git_commit" in old.columns else []
     return [
-        f"{len(old)} legacy run(s) from commit {', '.join(commits) or 'unknown'}: made by older code (the hash in "
+        f"{len(old)} legacy run(s) from commit(s) {', '.join(commits) or 'unknown'}: made by older code (the hash in "
         "their config.yaml differs from today's); each is counted because no run of its config by today's code exists"
     ]
 

@@ -121,7 +121,7 @@ def test_a_legacy_folder_counts_only_when_no_current_run_of_its_config_exists(tm
     inc = rs.included[rs.included["folder"].str.startswith("old-code")]
     assert inc["legacy"].all() and len(inc) == 1 and len(summarize(rs)) == 9
     assert make_all.legacy_note(inc) == [
-        "1 legacy run(s) from commit 0ldc0mm1t: made by older code (the hash in their config.yaml differs from "
+        "1 legacy run(s) from commit(s) 0ldc0mm1t: made by older code (the hash in their config.yaml differs from "
         "today's); each is counted because no run of its config by today's code exists"
     ]
 
