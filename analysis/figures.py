@@ -363,7 +363,7 @@ def forest(results: list[dict], path: Path, formats=("png",), title: str = "plan
     metrics = list(dict.fromkeys(r["test"].metric for _, r in rows))
     per = {m: [(cid, r) for cid, r in rows if r["test"].metric == m] for m in metrics}
     heights = [max(1, len(v)) for v in per.values()]
-    fig, axes = plt.subplots(len(metrics), 1, figsize=(7, 0.3 * sum(heights) + 1.1 * len(metrics) + 0.6),
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(14, 0.3 * sum(heights) + 1.1 * len(metrics) + 0.6),
                              squeeze=False, gridspec_kw={"height_ratios": heights})  # fmt: skip
     for ax, m in zip(axes[:, 0], metrics):
         items = per[m]
