@@ -165,6 +165,7 @@ class Launched:
 
     def __call__(self, argv, log):
         self.commands.append(argv[2])
+        log.touch()  # as _run_logged: the process's output goes there
         if argv[2] == "nsr.openrlhf.launch":
             self.rd.append("metrics.jsonl", [{"step": s} for s in range(1, self.steps + 1)])
             (self.rd.path / "ckpt" / "final_hf").mkdir(parents=True, exist_ok=True)
@@ -197,7 +198,6 @@ def test_a_requeued_run_whose_training_ended_goes_straight_to_evaluation(tmp_pat
     backend.run_openrlhf(cfg, rd)
     assert launched.commands == ["nsr.openrlhf.launch", "experiments.openrlhf.evaluate"]
     assert not (rd.path / "ckpt").exists()  # keep_checkpoint false: everything deleted after evaluation
-    (rd.path / "ckpt" / "final_hf").mkdir(parents=True)  # the job was requeued during the evaluation
-    backend.run_openrlhf(cfg, rd)
+    backend.run_openrlhf(cfg, rd)  # requeued after its checkpoints were deleted, before it was marked done
     assert launched.commands[2:] == ["experiments.openrlhf.evaluate"]  # no second training
     assert [r["step"] for r in read_jsonl(rd.metrics_path)] == [1, 2]

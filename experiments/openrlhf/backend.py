@@ -100,8 +100,10 @@ def last_step(rd: RunDir) -> int:
 
 
 def training_finished(rd: RunDir, cfg: RunConfig) -> bool:
-    """metrics.jsonl reaches train.steps and OpenRLHF wrote its final HF model."""
-    return last_step(rd) >= cfg.train.steps and (rd.path / "ckpt" / "final_hf").is_dir()
+    """metrics.jsonl reaches train.steps and OpenRLHF saved its final model, or the evaluation (which starts only
+    after that) has begun: the checkpoints may be pruned or deleted by then."""
+    evaluating = any((rd.path / n).exists() for n in ("eval.jsonl", "eval.jsonl.gz", "evaluate.log"))
+    return last_step(rd) >= cfg.train.steps and ((rd.path / "ckpt" / "final_hf").is_dir() or evaluating)
 
 
 def prune_checkpoints(rd: RunDir, cfg: RunConfig) -> list[Path]:
