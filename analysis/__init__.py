@@ -1,11 +1,12 @@
 """Run folders -> tables, figures and the claims table (design.md: ``make_all`` is the only way figures are made).
 
-load      run folders -> RunSet (runs, steps, eval labels; issues listed, never fatal)
+load      run folders -> RunSet (one run per config hash, sweep memberships, steps, eval labels; issues listed)
 summary   one number per run and metric (final / best reward, pass@k, entropy spike, clip and rescue fractions)
-stats     unbiased pass@k, seeded bootstrap and Student-t intervals, paired differences
+stats     exact unbiased pass@k, the one interval rule (Student-t), Holm, power, paired differences
 tables    per-sweep tables (markdown, LaTeX) and the paper's numbers side by side
 figures   training dynamics, delta sweep, judge / executor, theory (expected weight)
-claims    the paper's claims (claims.yaml) -> supports / contradicts / inconclusive
-make_all  ``python -m analysis.make_all``: all of the above, and the README claims block
+claims    the paper's claims (claims.yaml) -> supports / contradicts / not reproduced at this scale / inconclusive
+make_all  ``python -m analysis.make_all``: all of the above, results/report.html and the README claims block
+report    the static HTML report;  dose: the dose-matched widening;  readings: the README's non-claim numbers
 synth     synthetic run folders (tests, benchmark);  bench: ``python -m analysis.bench``
 """
