@@ -197,6 +197,8 @@ class Submission:
     """submitit Jobs, aligned with the submitted decisions."""
     arrays: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    plans: list = field(default_factory=list)
+    """experiments.openrlhf.plan.RunPlan of every openrlhf run to submit (all of them in a dry run)."""
 
     @property
     def submitted(self) -> list[Decision]:
@@ -293,8 +295,17 @@ def submit(
             sub.notes.append(f"queue not checked ({e})")
     root = Path(out_root) if out_root else RUNS_ROOT
     sub.decisions = plan(specs, root, retry_failed, live)
+    sub.plans = _resource_plans(sub.decisions if dry_run else sub.submitted, res_of)
     if dry_run or not sub.submitted:
         return sub
+    short = [pl for pl in sub.plans if not pl.rows_ok]
+    if short:  # refused here, not inside a GPU allocation
+        pl = short[0]
+        have = "no training data file" if pl.rows_written is None else f"{pl.rows_written} rows"
+        raise ConfigError(
+            f"{pl.run_id}: needs {pl.rows_needed} prompt rows and finds {have} ({len(short)} runs short); nothing "
+            "was submitted; write them with: python -m experiments.openrlhf.data (docs/cluster.md)"
+        )
 
     import submitit
 
@@ -330,6 +341,16 @@ def _check_writable(folder: Path) -> None:
             f"{folder}: cannot write here ({e.strerror or e}); nothing was submitted; allowed: a writable "
             "--out-root and --log-dir"
         ) from None
+
+
+def _resource_plans(decisions: list[Decision], res_of: dict) -> list:
+    """Rows, GPU-hours and disk of each openrlhf run (experiments.openrlhf.plan), with the site's time limit."""
+    todo = [d for d in decisions if d.spec.config.backend == "openrlhf"]
+    if not todo:
+        return []
+    from experiments.openrlhf.plan import plan_run
+
+    return [plan_run(d.spec.config, d.spec.run_id, res_of[d.spec.meta["preset"]]["time_min"] / 60) for d in todo]
 
 
 def _run_here(ex, todo: list[Decision], res: dict, cluster: str, logs: Path, max_parallel: int | None) -> list:
@@ -378,6 +399,32 @@ def _overrides_text(spec: RunSpec) -> str:
     return " ".join(f"{k}={v}" for k, v in spec.overrides.items())
 
 
+def _gb(x) -> str:
+    return "?" if x is None else f"{x:,.0f}"
+
+
+def _print_plans(plans: list) -> None:
+    """One line per openrlhf run and a sweep total (experiments.openrlhf.plan has the assumptions)."""
+    if not plans:
+        return
+    from experiments.openrlhf.plan import total
+
+    for pl in plans:
+        rows = f"{pl.rows_written}" if pl.rows_written is not None else "no file"
+        flag = "" if pl.rows_ok else "  SHORT OF ROWS"
+        print(
+            f"plan {pl.run_id}: rows {rows}/{pl.rows_needed}{flag}; GPU-h {_gb(pl.gpu_hours_limit)} per allocation "
+            f"({pl.nodes}x{pl.gpus // max(pl.nodes, 1)} GPUs), ~{_gb(pl.gpu_hours_estimate)} estimated; "
+            f"disk peak {_gb(pl.disk_peak_gb)} GB"
+        )
+    t = total(plans)
+    print(
+        f"plan total: {t['runs']} openrlhf runs, GPU-h {_gb(t['gpu_hours_limit'])} of allocations, "
+        f"~{_gb(t['gpu_hours_estimate'])} estimated, disk {_gb(t['disk_peak_gb_all_at_once'])} GB if all at once; "
+        f"{len(t['runs_short_of_rows'])} runs short of rows (python -m experiments.openrlhf.plan --sweep ... for JSON)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -406,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}")
     n_sub, n_skip = len(sub.submitted), len(sub.decisions) - len(sub.submitted)
     if args.dry_run:
+        _print_plans(sub.plans)
         print(f"dry run: {len(sub.decisions)} runs, {n_sub} would be submitted, {n_skip} skipped")
         return 0
     arrays = f" as job array {', '.join(sub.arrays)}" if sub.arrays else ""

@@ -132,3 +132,25 @@ def test_bad_sweep_value_submits_nothing(tmp_path):
     with pytest.raises(ConfigError, match=r"bad\.yaml: run bad-s0 .*loss\.delta=2\.0 is not valid; allowed: .*0 <="):
         submit(sw, cluster="slurm", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
+
+
+def test_dry_run_prints_the_resource_plan_of_every_openrlhf_run(capsys):
+    assert main(["main", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    ids = [s.run_id for s in expand("main")]
+    plan_lines = [line for line in out.splitlines() if line.startswith("plan ") and not line.startswith("plan total")]
+    assert sorted(line.split(":")[0][5:] for line in plan_lines) == sorted(ids)
+    assert all(
+        re.search(r"rows (\d+|no file)/\d+.*GPU-h [\d,]+ per allocation.*disk peak [\d,]+ GB", x) for x in plan_lines
+    )
+    assert re.search(rf"plan total: {len(ids)} openrlhf runs, GPU-h [\d,]+ of allocations", out)
+
+
+def test_submit_refuses_openrlhf_runs_short_of_data_rows(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1", "label": "2"}\n' * 10)  # 10 rows; the 7B preset's 400 steps need far more
+    sw = tmp_path / "short.yaml"
+    sw.write_text(f"preset: qwen2.5-math-7b-dapo\nbase: {{task.train_data: {data}}}\narms: {{hard: {{}}}}\n")
+    with pytest.raises(ConfigError, match=r"needs \d+ prompt rows and finds 10 rows .*nothing was submitted"):
+        submit(sw, cluster="local", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
+    assert not (tmp_path / "logs").exists()
