@@ -22,25 +22,19 @@ clipped, by side), and ``nsr/<key>`` for every ``nsr.METRIC_KEYS`` value plus ``
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import torch
 from trl import GRPOTrainer
 
 import nsr
+from nsr.seeds import derive_seed
 
 LOSS_TYPES = ("dapo", "grpo")
 """TRL loss types whose aggregation this trainer reproduces: dapo = token-mean, grpo = seq-mean-token-mean."""
 AGG_MODE_OF_LOSS_TYPE = {"dapo": "token-mean", "grpo": "seq-mean-token-mean"}
 TRL_VERSION = "1.16.0"
 """The TRL release this subclass is written and tested against (tests/test_trl_contract.py)."""
-
-
-def stream_seed(*parts) -> int:
-    """A 63-bit seed from printable parts (sha256 of their repr): one independent stream per tuple."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class NSRGRPOTrainer(GRPOTrainer):
@@ -80,7 +74,7 @@ class NSRGRPOTrainer(GRPOTrainer):
         rewards = (self._rewards_per_func * self.reward_weights.to(self._rewards_per_func.device)).nansum(dim=1)
         g = self.num_generations  # TRL's sampler puts the G samples of a prompt next to each other
         groups = torch.arange(rewards.numel(), device=rewards.device) // g
-        gen = torch.Generator().manual_seed(stream_seed("trl-adv", self.nsr_seed, self.state.global_step))
+        gen = torch.Generator().manual_seed(derive_seed("trl-adv", self.nsr_seed, self.state.global_step))
         adv = nsr.compute_advantages(rewards.cpu(), groups.cpu(), self.nsr_advantages, generator=gen)
         adv = adv.to(out["advantages"].device, out["advantages"].dtype)
         n = len(out["prompt_ids"])
@@ -96,7 +90,7 @@ class NSRGRPOTrainer(GRPOTrainer):
         """Stream of this optimizer step's micro-batch on ``device``: (seed, step, micro-step, process)."""
         micro = self._step % self.current_gradient_accumulation_steps
         parts = ("trl-loss", self.nsr_seed, self.state.global_step, micro, self.accelerator.process_index)
-        return torch.Generator(device=device).manual_seed(stream_seed(*parts))
+        return torch.Generator(device=device).manual_seed(derive_seed(*parts))
 
     def _aggregate(self, loss_tok: torch.Tensor, mask: torch.Tensor, num_items, train: bool) -> torch.Tensor:
         """TRL 1.16.0's reduction of a (B, T) per-token loss for ``loss_type`` dapo or grpo (grpo_trainer.py):
