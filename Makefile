@@ -24,11 +24,13 @@ $(VENV)/.installed: requirements-cpu.txt pyproject.toml
 	$(PIP) install --quiet -e .
 	touch $@
 
-# `make test` = venv + the single-node SLURM the tests use (when root and apt-get are here) + pytest.
+# `make test` = venv + the single-node SLURM the tests use + g++ (DeepSpeed's CPU comm op, built once) + Debian's
+# chromium (the HTML report is opened in a real headless browser), when root and apt-get are here; then pytest.
 test: venv
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		bash slurm/local_cluster.sh start; \
-		command -v g++ >/dev/null || (apt-get update -q && apt-get install -y -q g++); \
+		if ! command -v g++ >/dev/null || ! command -v chromium >/dev/null; then \
+			apt-get update -q && apt-get install -y -q g++ chromium; fi; \
 	else echo "make test: not starting SLURM (needs root and apt-get); SLURM tests skip (fail under CI=true)"; fi
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
