@@ -5,10 +5,10 @@ Public API (docs/design.md): ``LossConfig``, ``policy_loss``, ``aggregate``, ``e
 lives in ``nsr.openrlhf`` and is imported only on demand.
 """
 
+from nsr import related  # noqa: F401  (registers gppo, ce_gppo, dcpo, clip_cov, kl_cov, dppo_tv in RULES)
 from nsr.advantages import ADVANTAGES, compute_advantages
 from nsr.config import AdvantageConfig, LossConfig
 from nsr.objectives import METRIC_KEYS, RULES, aggregate, policy_loss
-from nsr import related  # noqa: F401  (registers gppo, ce_gppo, dcpo, clip_cov, kl_cov, dppo_tv in RULES)
 from nsr.theory import expected_weight
 
 __all__ = [

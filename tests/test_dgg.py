@@ -164,6 +164,9 @@ def test_dgg_sweep_expands_on_tiny_presets_only():
 
     runs = expand("dgg")
     assert {r.meta["arm"] for r in runs} == {"hard", "nsr", "soft", "dgg", "nsr_dgg"} and len(runs) == 15
-    assert {(r.meta["arm"], r.config.loss.rule) for r in runs if r.config.train.dgg} == {("dgg", "hard"), ("nsr_dgg", "nsr")}
+    assert {(r.meta["arm"], r.config.loss.rule) for r in runs if r.config.train.dgg} == {
+        ("dgg", "hard"),
+        ("nsr_dgg", "nsr"),
+    }
     with pytest.raises(SweepError, match=r"train\.dgg=True is not valid"):
         expand("dgg", preset="qwen2.5-math-7b-dapo")

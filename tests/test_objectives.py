@@ -467,8 +467,11 @@ def test_expected_weight_has_the_rules_of_the_registry():
         ({"sapo_tau_neg": 0}, "sapo_tau_neg"),
         ({"cispo_cap": 0.5}, "cispo_cap"),
         ({"cispo_cap": "5"}, "cispo_cap"),
-        *(({k: v}, k) for k in ("eps_low", "eps_high", "delta", "dual_clip", "sapo_tau_pos", "sapo_tau_neg",
-                                "cispo_cap") for v in (math.nan, math.inf, -math.inf)),
+        *(
+            ({k: v}, k)
+            for k in ("eps_low", "eps_high", "delta", "dual_clip", "sapo_tau_pos", "sapo_tau_neg", "cispo_cap")
+            for v in (math.nan, math.inf, -math.inf)
+        ),
         *(({"rule": "noisy_decision", "ratio_noise": v}, "ratio_noise") for v in (math.nan, math.inf)),
     ],
 )

@@ -43,7 +43,9 @@ def t(values):
 def test_rules_are_registered_token_level_only():
     for name in NEW:
         assert name in nsr.RULES and nsr.RULES.info(name)["levels"] == ("token",)
-        with pytest.raises(ValueError, match=rf"LossConfig\.level='sequence' is not valid for rule='{name}'; allowed: token"):
+        with pytest.raises(
+            ValueError, match=rf"LossConfig\.level='sequence' is not valid for rule='{name}'; allowed: token"
+        ):
             nsr.LossConfig(rule=name, level="sequence")
     assert nsr.RULES.info("gppo")["weight"] is not None and nsr.RULES.info("dcpo").get("weight") is None
 

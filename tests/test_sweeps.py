@@ -171,7 +171,10 @@ BAD = [
     ("preset: p1\narms: {a: {}}\ncolour: red\n", r"unknown key 'colour'; allowed: name, description, preset"),
     ("preset: p1\narms: {a: {loss.dleta: 0.1}}\n", r"arms\.a: unknown key 'loss\.dleta'; allowed: loss\.rule, "),
     ("preset: p1\narms: {a: {loss: {rule: nsr}}}\n", r"'loss' is a section; allowed: dotted keys loss\.rule"),
-    ("preset: p1\narms: {a: {loss.delta: abc}}\n", r"run a-s0 .*loss\.delta='abc' is not valid; allowed: a finite number"),
+    (
+        "preset: p1\narms: {a: {loss.delta: abc}}\n",
+        r"run a-s0 .*loss\.delta='abc' is not valid; allowed: a finite number",
+    ),
     ("preset: p1\narms: {a: {loss.delta: 1.5}}\n", r"loss\.delta=1\.5 is not valid; allowed: .*0 <= delta < 1"),
     ("preset: p1\narms: {a: {loss.rule: nrs}}\n", r"rule='nrs' is not valid; allowed: hard, nsr, soft"),
     ("preset: nope\narms: {a: {}}\n", r"preset='nope' not found; allowed: p1, p2"),

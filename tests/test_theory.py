@@ -85,4 +85,3 @@ def test_is_clipped_is_the_hard_rules_judge():
     assert nsr.theory.is_clipped(r, a, cfg).tolist() == expect
     low, high = nsr.theory.clip_sides(r, a, cfg)
     assert low.tolist() == [True] + [False] * 7 and high.tolist() == [False] * 4 + [True] + [False] * 3
-
