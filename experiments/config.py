@@ -36,7 +36,8 @@ class ConfigError(ValueError):
     """A bad config value or key; the message names the source, the key and the allowed values."""
 
 
-def _check(cls: str, key: str, ok: bool, allowed: str, value) -> None:
+def check_field(cls: str, key: str, ok: bool, allowed: str, value) -> None:
+    """Raise ConfigError "<cls>.<key>=<value> is not valid; allowed: <allowed>" unless ``ok``."""
     if not ok:
         raise ConfigError(f"{cls}.{key}={value!r} is not valid; allowed: {allowed}")
 
@@ -70,7 +71,7 @@ def _range(cls: str, key: str, value, lo=None, hi=None, *, lo_open: bool = False
     allowed = "a finite number " + " and ".join(parts) if parts else "a finite number"
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (lo is None or (value > lo if lo_open else value >= lo)) and (hi is None or value <= hi)
-    _check(cls, key, ok, allowed, value)
+    check_field(cls, key, ok, allowed, value)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class ModelConfig:
         _range("model", "d_model", self.d_model, 1, 8192)
         _range("model", "n_layer", self.n_layer, 1, 128)
         _range("model", "n_head", self.n_head, 1, 256)
-        _check("model", "d_model", self.d_model % self.n_head == 0, "a multiple of n_head", self.d_model)
+        check_field("model", "d_model", self.d_model % self.n_head == 0, "a multiple of n_head", self.d_model)
 
 
 @dataclass(frozen=True)
@@ -190,9 +191,9 @@ class TrainConfig:
         _range("train", "minibatches", self.minibatches, 1, MAX_BATCH)
         _range("train", "grad_clip", self.grad_clip, 0, lo_open=True)
         betas_ok = len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas)  # NaN fails 0 <= b
-        _check("train", "adam_betas", betas_ok, "two numbers in [0, 1)", self.adam_betas)
+        check_field("train", "adam_betas", betas_ok, "two numbers in [0, 1)", self.adam_betas)
         _range("train", "weight_decay", self.weight_decay, 0, 1)
-        _check("train", "agg_mode", self.agg_mode in AGG_MODES, ", ".join(AGG_MODES), self.agg_mode)
+        check_field("train", "agg_mode", self.agg_mode in AGG_MODES, ", ".join(AGG_MODES), self.agg_mode)
         _range("train", "entropy_coef", self.entropy_coef, 0)
         _range("train", "kl_coef", self.kl_coef, 0)
         _range("train", "dgg_k", self.dgg_k, 1, 1000, lo_open=True)
@@ -219,7 +220,7 @@ class RewardConfig:
     each normalized within its group before summing (GDPO-style)."""
 
     def __post_init__(self):
-        _check("reward", "source", self.source in REWARD_SOURCES, ", ".join(REWARD_SOURCES), self.source)
+        check_field("reward", "source", self.source in REWARD_SOURCES, ", ".join(REWARD_SOURCES), self.source)
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,7 @@ class OpenRLHFConfig:
         _range("openrlhf", "vllm_engines", self.vllm_engines, 1, 65536)
         _range("openrlhf", "vllm_tensor_parallel", self.vllm_tensor_parallel, 1, 64)
         _range("openrlhf", "vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, 0, 1, lo_open=True)
-        _check("openrlhf", "zero_stage", self.zero_stage in (0, 1, 2, 3), "0, 1, 2, 3", self.zero_stage)
+        check_field("openrlhf", "zero_stage", self.zero_stage in (0, 1, 2, 3), "0, 1, 2, 3", self.zero_stage)
         _range("openrlhf", "micro_train_batch_size", self.micro_train_batch_size, 1, MAX_BATCH)
         _range("openrlhf", "micro_rollout_batch_size", self.micro_rollout_batch_size, 1, MAX_BATCH)
         _range("openrlhf", "train_batch_size", self.train_batch_size, 1, MAX_BATCH)
@@ -348,7 +349,9 @@ class RunConfig:
     trl: TRLConfig = field(default_factory=TRLConfig)
 
     def __post_init__(self):
-        _check("RunConfig", "backend", self.backend in ("tiny", "openrlhf", "trl"), "tiny, openrlhf, trl", self.backend)
+        check_field(
+            "RunConfig", "backend", self.backend in ("tiny", "openrlhf", "trl"), "tiny, openrlhf, trl", self.backend
+        )
         if self.backend == "trl":
             from experiments.trl import check_config as check_trl  # model / task / batch checks; late import
 
@@ -361,8 +364,8 @@ class RunConfig:
             check_config(self)
         else:  # options the tiny loop implements and the OpenRLHF launcher does not (docs/method.md)
             allowed = "verifier (label-free rewards are a tiny-backend option)"
-            _check("reward", "source", self.reward.source == "verifier", allowed, self.reward.source)
-            _check("train", "dgg", not self.train.dgg, "false (DGG is a tiny-backend option)", self.train.dgg)
+            check_field("reward", "source", self.reward.source == "verifier", allowed, self.reward.source)
+            check_field("train", "dgg", not self.train.dgg, "false (DGG is a tiny-backend option)", self.train.dgg)
 
     # ---------------------------------------------------------------- views
     def to_dict(self) -> dict[str, Any]:
@@ -391,12 +394,12 @@ def _check_tiny_sizes(cfg: RunConfig) -> None:
     m, r, e = cfg.model, cfg.rollout, cfg.eval
     params = 12 * m.n_layer * m.d_model**2
     allowed = f"12 x n_layer x d_model^2 <= {TINY_MAX_PARAMS:.0e} (a model the tiny backend trains on a CPU)"
-    _check("model", "d_model", params <= TINY_MAX_PARAMS, allowed, m.d_model)
+    check_field("model", "d_model", params <= TINY_MAX_PARAMS, allowed, m.d_model)
     allowed = f"prompts_per_step x samples_per_prompt <= {TINY_MAX_SEQUENCES} (one batch on a CPU)"
     batch = r.prompts_per_step * r.samples_per_prompt
-    _check("rollout", "samples_per_prompt", batch <= TINY_MAX_SEQUENCES, allowed, r.samples_per_prompt)
+    check_field("rollout", "samples_per_prompt", batch <= TINY_MAX_SEQUENCES, allowed, r.samples_per_prompt)
     allowed = f"eval.n_prompts x n_samples <= {TINY_MAX_SEQUENCES} (one batch on a CPU)"
-    _check("eval", "n_samples", e.n_prompts * e.n_samples <= TINY_MAX_SEQUENCES, allowed, e.n_samples)
+    check_field("eval", "n_samples", e.n_prompts * e.n_samples <= TINY_MAX_SEQUENCES, allowed, e.n_samples)
 
 
 # -------------------------------------------------------------------- generic (de)serialisation

@@ -36,21 +36,28 @@ def check_config(cfg) -> None:
 
     Raises ConfigError naming the key and the allowed values.
     """
-    from experiments.config import _check
+    from experiments.config import check_field
     from experiments.tiny.model import MODELS
-    from experiments.tiny.task import N_POSITIONS, TASKS
+    from experiments.tiny.task import TASKS
 
     samples = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     minibatches = cfg.train.minibatches
     allowed = f"a divisor of prompts_per_step x samples_per_prompt = {samples}"
-    _check("train", "minibatches", samples % minibatches == 0, allowed, minibatches)
-    _check("model", "name", cfg.model.name in MODELS, ", ".join(MODELS), cfg.model.name)
-    _check("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
-    task = TASKS[cfg.task.name]
+    check_field("train", "minibatches", samples % minibatches == 0, allowed, minibatches)
+    check_field("model", "name", cfg.model.name in MODELS, ", ".join(MODELS), cfg.model.name)
+    check_field("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
+    check_task_fits(cfg, TASKS[cfg.task.name])
+
+
+def check_task_fits(cfg, task) -> None:
+    """The answers and held-out split of a tiny task fit the config (tiny and trl-tiny backends share this)."""
+    from experiments.config import check_field
+    from experiments.tiny.task import N_POSITIONS
+
     new = cfg.rollout.max_new_tokens
     allowed = f">= {task.answer_len} (a correct {task.name} answer and its EOS)"
-    _check("rollout", "max_new_tokens", new >= task.answer_len, allowed, new)
+    check_field("rollout", "max_new_tokens", new >= task.answer_len, allowed, new)
     allowed = f"<= {N_POSITIONS - task.prompt_len} (the tiny model's context)"
-    _check("rollout", "max_new_tokens", task.prompt_len + new <= N_POSITIONS, allowed, new)
+    check_field("rollout", "max_new_tokens", task.prompt_len + new <= N_POSITIONS, allowed, new)
     allowed = f"<= {task.n_eval} (the held-out split of {task.name})"
-    _check("eval", "n_prompts", cfg.eval.n_prompts <= task.n_eval, allowed, cfg.eval.n_prompts)
+    check_field("eval", "n_prompts", cfg.eval.n_prompts <= task.n_eval, allowed, cfg.eval.n_prompts)

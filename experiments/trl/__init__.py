@@ -20,33 +20,27 @@ def check_config(cfg) -> None:
     Raises ConfigError naming the key and the allowed values.
     """
     import experiments.trl.model  # noqa: F401  registers tiny-qwen2 with the testbed's models (its SFT builds it)
-    from experiments.config import _check
+    from experiments.config import check_field
 
     ro, tr = cfg.rollout, cfg.train
     tiny = cfg.model.name in TINY_MODELS
-    _check("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
+    check_field("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
     if tiny or cfg.task.name != "math":
         allowed = f"{', '.join(TINY_MODELS)} with task countdown3 / add3; a HF model with task math"
-        _check("model", "name", tiny and cfg.task.name != "math", allowed, cfg.model.name)
-        from experiments.tiny.task import N_POSITIONS
+        check_field("model", "name", tiny and cfg.task.name != "math", allowed, cfg.model.name)
+        from experiments.tiny import check_task_fits
         from experiments.tiny.task import TASKS as TINY_TASKS
 
-        task, new = TINY_TASKS[cfg.task.name], ro.max_new_tokens
-        allowed = f">= {task.answer_len} (a correct {task.name} answer and its EOS)"
-        _check("rollout", "max_new_tokens", new >= task.answer_len, allowed, new)
-        allowed = f"<= {N_POSITIONS - task.prompt_len} (the tiny model's context)"
-        _check("rollout", "max_new_tokens", task.prompt_len + new <= N_POSITIONS, allowed, new)
-        allowed = f"<= {task.n_eval} (the held-out split of {task.name})"
-        _check("eval", "n_prompts", cfg.eval.n_prompts <= task.n_eval, allowed, cfg.eval.n_prompts)
+        check_task_fits(cfg, TINY_TASKS[cfg.task.name])
     else:
-        _check("task", "train_data", bool(cfg.task.train_data), "a prompt JSONL (experiments.openrlhf.data)", "")
+        check_field("task", "train_data", bool(cfg.task.train_data), "a prompt JSONL (experiments.openrlhf.data)", "")
     samples = ro.prompts_per_step * ro.samples_per_prompt
     allowed = f"a divisor of prompts_per_step x samples_per_prompt = {samples}"
-    _check("train", "minibatches", samples % tr.minibatches == 0, allowed, tr.minibatches)
+    check_field("train", "minibatches", samples % tr.minibatches == 0, allowed, tr.minibatches)
     per_step = samples // tr.minibatches
     micro = cfg.trl.micro_batch_size or per_step
     allowed = f"0 or a divisor of the minibatch size {per_step} (samples / train.minibatches)"
-    _check("trl", "micro_batch_size", per_step % micro == 0, allowed, cfg.trl.micro_batch_size)
+    check_field("trl", "micro_batch_size", per_step % micro == 0, allowed, cfg.trl.micro_batch_size)
     allowed = "a number in (0, 1]"
-    _check("trl", "vllm_gpu_memory_utilization", 0 < cfg.trl.vllm_gpu_memory_utilization <= 1, allowed,
+    check_field("trl", "vllm_gpu_memory_utilization", 0 < cfg.trl.vllm_gpu_memory_utilization <= 1, allowed,
            cfg.trl.vllm_gpu_memory_utilization)  # fmt: skip
