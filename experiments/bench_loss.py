@@ -112,7 +112,8 @@ def build_cases(old, adv, mask, level: str, seed: int = 0) -> list[Case]:
         return step
 
     cases = [Case("openrlhf", openrlhf_step)]
-    cases += [Case(rule, rule_step(rule_config(rule, level))) for rule in nsr.RULES]
+    rules = [r for r in nsr.RULES if level in nsr.RULES.info(r)["levels"]]  # the rules defined at this level
+    cases += [Case(rule, rule_step(rule_config(rule, level))) for rule in rules]
     return cases
 
 

@@ -113,21 +113,21 @@ def register_rule(name: str, weight: Callable | None = None, levels: tuple[str, 
     return RULES.register(name, weight=weight, levels=tuple(levels))
 
 
-def _ppo_loss(r: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+def ppo_loss(r: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     """PPO/DAPO min-form: -min(r A, clip(r, lo, hi) A)."""
     return -torch.minimum(r * adv, r.clamp(cfg.low, cfg.high) * adv)
 
 
 def _hard_value(x: RuleInput) -> torch.Tensor:
     """Hard clipping's loss value -min(r A, clip(r) A) as a constant: what a dropped unit keeps (zero gradient)."""
-    return _ppo_loss(x.ratio.detach(), x.adv, x.cfg)
+    return ppo_loss(x.ratio.detach(), x.adv, x.cfg)
 
 
 @register_rule("hard", weight=theory.weight_hard)
 def hard(x: RuleInput) -> RuleOutput:
     """PPO/GRPO/DAPO clipping: L = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)."""
     low, high = theory.clip_sides(x.ratio.detach(), x.adv, x.cfg)
-    return RuleOutput(_ppo_loss(x.ratio, x.adv, x.cfg), low, high)
+    return RuleOutput(ppo_loss(x.ratio, x.adv, x.cfg), low, high)
 
 
 def _rescue(x: RuleInput, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,7 +204,7 @@ def noisy_decision(x: RuleInput) -> RuleOutput:
     L = -min(r xi A, clip(r xi) A)."""
     r_noisy = x.ratio * x.uniform(x.cfg.ratio_noise)
     low, high = theory.clip_sides(r_noisy.detach(), x.adv, x.cfg)
-    return RuleOutput(_ppo_loss(r_noisy, x.adv, x.cfg), low, high)
+    return RuleOutput(ppo_loss(r_noisy, x.adv, x.cfg), low, high)
 
 
 @register_rule("clean_decision", weight=theory.weight_hard)

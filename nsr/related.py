@@ -45,7 +45,7 @@ from __future__ import annotations
 import torch
 
 from nsr import theory
-from nsr.objectives import RuleInput, RuleOutput, _ppo_loss, register_rule
+from nsr.objectives import RuleInput, RuleOutput, ppo_loss, register_rule
 
 TOKEN_ONLY = ("token",)
 
@@ -178,7 +178,7 @@ def clip_cov(x: RuleInput) -> RuleOutput:
     eligible = x.valid & ~(low | high) & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
     priority = torch.rand(A.shape, generator=x.generator, device=A.device, dtype=A.dtype)
     detached = first_k(priority, eligible, token_budget(cfg.clip_cov_frac, x.valid), descending=False)
-    loss = torch.where(detached, 0.0, _ppo_loss(r, A, cfg))
+    loss = torch.where(detached, 0.0, ppo_loss(r, A, cfg))
     return RuleOutput(loss, low, high, pushed=detached)
 
 
