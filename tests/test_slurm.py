@@ -273,7 +273,11 @@ def test_status_shows_sacct_state_of_jobs_that_ended_without_the_run(tmp_path):
         RunDir(folder).write_config(spec.config, run_id=spec.run_id)  # as slurm.submit leaves it
         (folder / "slurm.json").write_text(json.dumps({"job_id": _sbatch_held(), "cluster": "slurm"}))
     RunDir(root / killed.sweep / killed.run_id).set_status("running")  # its job died without a word (kill -9)
-    table = wait_for(lambda: all_ended(rows(sw, out_root=root)), 60, "sacct to record the cancellations")
+
+    def recorded(table):  # sacct lists a job only once slurmdbd has it ("-" until then)
+        return table if all(r["sacct"] not in (*queue.LIVE_STATES, "-") for r in table) else None
+
+    table = wait_for(lambda: recorded(rows(sw, out_root=root)), 60, "sacct to record the cancellations")
     assert [r["sacct"] for r in table] == ["CANCELLED", "CANCELLED"]
     assert [r["state"] for r in table] == ["not started (job CANCELLED)", "stopped (job CANCELLED)"]
 
