@@ -28,6 +28,8 @@ import yaml
 from scipy import optimize
 from scipy import stats as sps
 
+from analysis import stats
+
 REGIME_FILE = Path(__file__).resolve().parent / "regime.yaml"
 N_MAX = 100_000
 
@@ -49,11 +51,7 @@ def power_paired(n: int, sd: float, effect: float, alpha: float = 0.05, contrast
     _check_design(sd, effect, alpha, contrasts)
     if n < 2:
         raise ValueError(f"n={n!r} is not valid; allowed: an integer >= 2 (a paired t-test needs 2 pairs)")
-    df = n - 1
-    crit = sps.t.ppf(1 - alpha / contrasts / 2, df)
-    nc = abs(effect) / sd * math.sqrt(n)
-    # P(T < -crit) written as P(T' > crit), T' noncentral t at -nc: scipy's cdf is NaN in that far tail
-    return float(sps.nct.sf(crit, df, nc) + sps.nct.sf(crit, df, -nc))
+    return stats.power(effect, sd, n, alpha / contrasts)  # Bonferroni level: Holm's first step, a lower bound
 
 
 def n_paired(sd: float, effect: float, alpha: float = 0.05, power: float = 0.8, contrasts: int = 1) -> int:
@@ -77,20 +75,6 @@ def mde(n: int, sd: float, alpha: float = 0.05, power: float = 0.8, contrasts: i
     while power_paired(n, sd, hi, alpha, contrasts) < power:
         hi *= 2
     return float(optimize.brentq(lambda e: power_paired(n, sd, e, alpha, contrasts) - power, 1e-9 * sd, hi))
-
-
-def t_interval(values, level: float = 0.95) -> tuple[float, float, float, int]:
-    """(mean, lo, hi, n): the Student-t interval of the mean of the finite ``values`` (NaN bounds below 2)."""
-    x = np.asarray(values, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    n = len(x)
-    if n == 0:
-        return math.nan, math.nan, math.nan, 0
-    mean = float(x.mean())
-    if n < 2:
-        return mean, math.nan, math.nan, n
-    half = sps.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / math.sqrt(n)
-    return mean, mean - half, mean + half, n
 
 
 PLAN_SDS = {

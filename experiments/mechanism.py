@@ -228,7 +228,7 @@ def _adamw(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
 def summarize(results: list[StateResult], labels: list[str], level: float = 0.95) -> list[dict]:
     """Per rule label: mean one-step change of exact held-out pass@1, and the paired difference to hard with its
     Student-t interval over states and over per-run means; the same on the training split; clip / rescue."""
-    from analysis.power import t_interval
+    from analysis.stats import interval as t_interval
 
     runs = sorted({r.run for r in results})
     rows = []
