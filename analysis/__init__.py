@@ -1,4 +1,4 @@
-"""Run folders -> tables, figures and the claims table (design.md: ``make_all`` is the only way figures are made).
+"""Run folders -> tables, figures and the claims table (docs/design.md: ``make_all`` is the only way figures are made).
 
 load      run folders -> RunSet (one run per config hash, sweep memberships, steps, eval labels; issues listed)
 summary   one number per run and metric (final / best reward, pass@k, entropy spike, clip and rescue fractions)

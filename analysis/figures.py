@@ -473,7 +473,7 @@ def monte_carlo_weight(ratios, sign: int, cfg: nsr.LossConfig, n: int = 4000, se
     """Empirical E[gradient weight] of ``cfg`` at each ratio, from nsr.policy_loss's own gradients.
 
     For each ratio r, ``n`` tokens with log pi_old = 0, log pi = log r and advantage ``sign``; the weight is the mean
-    of d loss / d log pi divided by the unclipped gradient -A r (method.md, "Expected behaviour").
+    of d loss / d log pi divided by the unclipped gradient -A r (docs/method.md, "Expected behaviour").
     """
     r = torch.as_tensor(np.asarray(ratios, dtype=np.float64))
     logp = r.log()[:, None].expand(-1, n).clone().requires_grad_()
@@ -492,7 +492,7 @@ def theory(
     formats=("png",),
     bins: pd.DataFrame | None = None,
 ) -> list[Path]:
-    """Expected weight w(r) vs ratio, A > 0 and A < 0 panels (method.md, "Expected behaviour").
+    """Expected weight w(r) vs ratio, A > 0 and A < 0 panels (docs/method.md, "Expected behaviour").
 
     ``bins`` (RunSet.ratio_bins() of nsr runs) adds a second row: the mean gradient weight of clipped tokens
     logged during training, by depth into the rescue zone, against nsr.expected_weight at the bin centres.

@@ -1,4 +1,4 @@
-"""Run folders -> tidy pandas frames (design.md, "Run directory contract").
+"""Run folders -> tidy pandas frames (docs/design.md, "Run directory contract").
 
     from analysis.load import load_runs
     rs = load_runs("results/runs")          # every run folder under results/runs/, at any depth

@@ -2,7 +2,7 @@
 
 The numbers are made up (a saturating reward curve, a decaying entropy with optional rebounds, Bernoulli eval
 labels), but every file is what a real run writes: config.yaml from a real RunConfig plus ``meta``, one
-metrics.jsonl row per step with every design.md field, eval.jsonl.gz with one row per (step, benchmark,
+metrics.jsonl row per step with every docs/design.md field, eval.jsonl.gz with one row per (step, benchmark,
 problem_id, decoding, sample), and status.json. Same arguments, same bytes (seeded torch.Generator, fixed times).
 
     from analysis.synth import ArmSpec, write_sweep

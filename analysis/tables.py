@@ -301,7 +301,7 @@ def load_paper(path: str | Path = PAPER_DIR / "main.csv") -> pd.DataFrame:
 
 
 BASES = {"token": "DAPO", "sequence": "GSPO"}
-"""loss.level -> the base the paper names (method.md intervention 6)."""
+"""loss.level -> the base the paper names (docs/method.md intervention 6)."""
 
 
 def _ours_main(s: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
@@ -378,6 +378,6 @@ def main_table(s: pd.DataFrame, runs: pd.DataFrame, paper: pd.DataFrame) -> dict
             + ([num(o.ours_baseline), num(o.ours_nsr), o.ours_delta, str(o.ours_seeds)] if o is not None else ["–"] * 4)
         )
     title = "main: the paper's reported numbers (percent) next to this repo's runs of the main sweep"
-    note = "paper: results/paper/main.csv (from method.md, 'What the paper reports'); – = not reported / not run\n"
+    note = "paper: results/paper/main.csv (from docs/method.md, 'What the paper reports'); – = not reported / not run\n"
     tex_rows = [[latex_escape(c) if i < 4 else c.replace("–", "--") for i, c in enumerate(r)] for r in table]
     return {"md": f"### {title}\n\n" + markdown(header, table) + "\n" + note, "tex": latex(header, tex_rows, title)}

@@ -1,4 +1,4 @@
-"""Run one experiment and write its run folder (design.md).
+"""Run one experiment and write its run folder (docs/design.md).
 
 CPU (the tiny testbed, minutes on a laptop):
     python -m experiments.run sweeps/presets/tiny-smoke.yaml

@@ -115,7 +115,7 @@ def test_dose_matched_width_of_a_one_bin_histogram():
     for sign, (bound, edge) in ((1, (cfg.high, cfg.high / 0.8)), (-1, (cfg.low, cfg.low / 1.2))):
         r_mid = bound + (edge - bound) * 0.05
         if sign > 0:
-            w_mid = ((bound / r_mid) ** 2 - 0.8**2) / 0.8  # noisy executor, A > 0 (method.md)
+            w_mid = ((bound / r_mid) ** 2 - 0.8**2) / 0.8  # noisy executor, A > 0 (docs/method.md)
         else:
             w_mid = (1.2**2 - (bound / r_mid) ** 2) / 0.8
         dose, width = P.dose_matched_width(counts, sign, cfg)

@@ -1,4 +1,4 @@
-"""nsr.expected_weight against the closed forms of method.md ("Expected behaviour")."""
+"""nsr.expected_weight against the closed forms of docs/method.md ("Expected behaviour")."""
 
 import pytest
 import torch

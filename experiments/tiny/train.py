@@ -56,7 +56,7 @@ def rl_step(
     P, G = ro.prompts_per_step, ro.samples_per_prompt
     g_roll = generator(cfg.seed, step, "rollout")
 
-    # rollout (method.md, "Setting"): G samples per prompt, binary reward, group-relative advantage
+    # rollout (docs/method.md, "Setting"): G samples per prompt, binary reward, group-relative advantage
     model.eval()
     ids = task.sample_train(P, g_roll).repeat_interleave(G)  # (N,), N = P * G
     prompts = task.prompts(ids)  # (N, prompt_len)

@@ -1,4 +1,5 @@
-"""NSRGRPOTrainer: TRL 1.16.0's ``GRPOTrainer`` with the clip rule and the advantage of ``nsr`` (design.md, "Backends").
+"""NSRGRPOTrainer: TRL 1.16.0's ``GRPOTrainer`` with the clip rule and the advantage of ``nsr``
+(docs/design.md, "Backends").
 
 TRL has no loss registry: its users override ``_compute_loss``. This subclass keeps all of TRL's loop (generation,
 reward functions, the buffered generation batch reused for ``num_iterations`` passes, optimizer, checkpoints) and

@@ -1,4 +1,4 @@
-"""Every rule of ``nsr.RULES`` as a verl 0.9.1 policy-loss mode ``nsr:<rule>`` (design.md, "Backends").
+"""Every rule of ``nsr.RULES`` as a verl 0.9.1 policy-loss mode ``nsr:<rule>`` (docs/design.md, "Backends").
 
 verl selects the actor's policy loss by name from ``core_algos.POLICY_LOSS_REGISTRY``
 (``actor_rollout_ref.actor.policy_loss.loss_mode``) and calls it as
