@@ -237,7 +237,7 @@ def test_local_and_debug_executors_run_without_slurm(tmp_path):
 def test_ray_head_and_worker_join_inside_an_allocation():
     """Two tasks of one allocation: task 0 starts the head, task 1 joins, the payload sees both; nothing is left."""
     cmd = ["srun", "-N1", "-n2", "--mem=4G", "--time=5", sys.executable, "-m", "slurm.ray_cluster"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NSR_RAY_PORT": "6391"}
+    env = {**os.environ, "NSR_RAY_PORT": "6391"}  # the job's python imports the installed package
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, check=False, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])

@@ -157,8 +157,7 @@ def test_registration_reaches_a_fresh_worker_process():
     """A fresh interpreter that never imports nsr itself finds the modes once it builds the actor config from the
     recipe (what a Ray worker does): hydra imports the ``_target_``'s module, which registers them. (verl's other
     route, VERL_USE_EXTERNAL_MODULES, is checked by tests/test_verl_contract.py.)"""
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("VERL_USE_EXTERNAL_MODULES", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VERL_USE_EXTERNAL_MODULES")}
     out = subprocess.run([sys.executable, "-c", _WORKER], env=env, cwd="/", capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("OK compute_policy_loss_nsr_nsr 0.0")

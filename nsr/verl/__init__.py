@@ -1,7 +1,7 @@
 """NSR for verl users: every rule of ``nsr.RULES`` as a verl 0.9.1 policy-loss mode ``nsr:<rule>``.
 
-Two lines added to a verl DAPO recipe (this repo importable in every Ray worker, e.g. ``pip install -e .`` or
-PYTHONPATH) run NSR:
+Two lines added to a verl DAPO recipe (this repo installed, ``pip install -e .``, in the
+environment of every Ray worker) run NSR:
 
     actor_rollout_ref.actor.policy_loss._target_=nsr.verl.NSRPolicyLossConfig \\
     actor_rollout_ref.actor.policy_loss.loss_mode=nsr:nsr \\
