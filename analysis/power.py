@@ -115,7 +115,7 @@ class RunStats:
     pass1_step0: float = math.nan
     reward_auc: float = math.nan
     clip_frac: float = math.nan
-    grad_clip_steps: int = 0
+    grad_clip_steps: float = 0.0  # updates grad-clipped, in steps (sum over steps of the share of updates)
     steps: int = 0
     delta: float = math.nan
     bins: dict[str, np.ndarray] = field(default_factory=dict)
@@ -144,7 +144,11 @@ def read_run(path: str | Path, window=(0.5, 1.0)) -> RunStats:
         st.steps = len(metrics)
         st.reward_auc = float(np.mean([r["reward_mean"] for r in metrics]))
         st.clip_frac = float(np.mean([r["clip_frac"] for r in metrics]))
-        st.grad_clip_steps = int(sum(r["grad_norm"] > cfg["train"]["grad_clip"] for r in metrics))
+        # per-update share where logged (grad_clipped_frac); older runs: the step-mean norm against the bound
+        st.grad_clip_steps = float(
+            sum(r["grad_clipped_frac"] if "grad_clipped_frac" in r else r["grad_norm"] > cfg["train"]["grad_clip"]
+                for r in metrics)
+        )
     eval_path = rd.log_path("eval.jsonl")
     if eval_path.exists():
         rows, _ = read_rows(eval_path)

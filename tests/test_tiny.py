@@ -83,6 +83,10 @@ def test_smoke_run_writes_the_full_contract(nsr_run):
         assert all(isinstance(v, (int, float)) and v == v for v in r.values())  # numbers, no NaN
         assert 0 <= r["reward_mean"] <= 1 and r["entropy"] > 0 and 1 <= r["response_len"] <= 8
         assert r["ratio_out_frac"] >= r["clip_frac"] - 1e-9  # a clipped token is outside the region
+        n_upd = cfg.train.epochs * cfg.train.minibatches
+        assert r["grad_clipped_frac"] in {k / n_upd for k in range(n_upd + 1)}  # a share of the step's updates
+        if r["grad_clipped_frac"] == 0:  # no update was norm-clipped: every pre-clip norm, so their mean, is in bound
+            assert r["grad_norm"] <= cfg.train.grad_clip
         assert r["clip_frac"] == pytest.approx(r["clip_frac_low"] + r["clip_frac_high"])
     assert sum(r["clip_frac_low"] + r["clip_frac_high"] for r in rows) > 0  # the clip fires: NSR has work
 

@@ -115,6 +115,7 @@ def rl_step(
                 _add(acc, "ratio_out_frac", out.float().mean().item())
             _add(acc, "policy_loss", pg_loss.item())
             _add(acc, "grad_norm", grad_norm.item())
+            _add(acc, "grad_clipped_frac", float(grad_norm.item() > tr.grad_clip))  # share of updates grad-clipped
             _add(acc, "ppo_kl", met["approx_kl"].item())
             for k in _MEAN_KEYS:
                 _add(acc, k, met[k].item())
