@@ -19,7 +19,6 @@ import json
 import socket
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -79,6 +78,7 @@ def test_hard_is_openrlhfs_policy_loss_in_the_real_step(hard):
     assert probe["clip"] > 0  # clipped tokens exist, so the comparison covers the clip
     assert probe["loss_diff"] == 0.0 and probe["grad_diff"] == 0.0  # bit for bit
     assert out["weights_after"] != out["weights_at_start"]  # DeepSpeed stepped the optimizer
+    assert out["loaded_equals_saved"]  # the Actor loaded the saved model
 
 
 def test_metrics_row_from_the_real_status_dict(hard):
@@ -109,21 +109,14 @@ def test_nsr_at_delta_zero_equals_hard(model, tmp_path):
 
 
 def test_two_zero3_ranks_agree_and_nsr_rescues(model, tmp_path):
-    def step(attempt):
-        outs = run_step(model, tmp_path / f"ckpt{attempt}", "--rule", "nsr", "--delta", "0.5", "--zero", "3", world=2)
-        a, b = (o["status"] for o in outs)
-        reduced = [k for k in a if k.startswith(("policy_loss", "ppo_", "nsr_", "actor_", "rollout/"))]
-        assert reduced
-        return outs, a, {k: (a[k], b[k]) for k in reduced if a[k] != pytest.approx(b[k], rel=1e-6)}
-
-    outs, a, differ = step(0)
-    if differ:
-        # Open bug: about 1 run in 4-10 of this two-rank ZeRO-3 CPU step gives NaN policy_loss, ratio, kl and
-        # entropy metrics on BOTH ranks (NaN != NaN fails the check); cause not found yet (a fresh pair of processes
-        # does not repeat it). Say so loudly, then require agreement on a second, identical step.
-        warnings.warn(f"DP ranks disagreed on reduced metrics (first attempt): {differ}", stacklevel=1)
-        outs, a, differ = step(1)
-    assert not differ, differ
+    outs = run_step(model, tmp_path / "ckpt", "--rule", "nsr", "--delta", "0.5", "--zero", "3", world=2)
+    # ZeRO-3 loading on gloo needs stage3_allgather_sequential (the harness's module doc: without it DeepSpeed's
+    # coalesced all-gather corrupted 1 load in 2-4 and the step's metrics were NaN); the weights are the saved ones
+    assert all(o["loaded_equals_saved"] for o in outs)
+    a, b = (o["status"] for o in outs)
+    reduced = [k for k in a if k.startswith(("policy_loss", "ppo_", "nsr_", "actor_", "rollout/"))]
+    assert reduced and all(a[k] == a[k] for k in reduced)  # no NaN
+    assert {k: (a[k], b[k]) for k in reduced if a[k] != pytest.approx(b[k], rel=1e-6)} == {}
     assert [o["world"] for o in outs] == [2, 2] and [o["loss_rank"] for o in outs] == [0, 1]  # different z
     assert a["nsr_rescue_frac"] > 0  # clipped tokens got a gradient: the rule is in the step
     assert all(o["probe"]["grad_diff"] > 0 for o in outs)  # so it is not PolicyLoss
