@@ -11,18 +11,25 @@ cannot know: a folder with no status.json whose job was submitted reads ``queued
 ``stopped (job TIMEOUT)`` etc. (the run was killed before it could record it; resubmitting resumes it). ``bad``:
 status.json or config.yaml cannot be read (the error column says why). ``-``: not started. The job id comes from
 the folder's slurm.json (written by slurm.submit) or status.json; the sacct column is ``n/a`` where SLURM
-accounting cannot be read.
+accounting cannot be read. A config that runs in another sweep's folder (a config runs once) shows that folder's
+state, and the ``in`` column names the folder.
+
+The last line counts the states and, while runs are going, the progress: done / total and an ETA from the
+median wall time of the done runs (status.json started -> finished) times the runs left, divided by the number
+running now.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
 from experiments.config import ConfigError
-from experiments.rundir import BAD, RUNS_ROOT, RunDir, RunFolderError
+from experiments.rundir import BAD, RUNS_ROOT, RunDir, RunFolderError, runs_by_hash
 from slurm import queue
 from sweeps import expand
 
@@ -40,8 +47,16 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
     root = Path(out_root) if out_root else RUNS_ROOT
     specs = expand(sweep, preset=preset)
     out = []
+    index = runs_by_hash(root)
     for s in specs:
         rd = RunDir(root / s.sweep / s.run_id)
+        where = ""
+        if not rd.path.exists():  # a config runs once: it may run, or have run, in another sweep's folder
+            others = index.get(s.config.run_hash(), [])
+            done = [p for p in others if RunDir(p).state() == "done"]
+            if done or others:
+                rd = RunDir((done or others)[0])
+                where = str(rd.path.relative_to(root)) if rd.path.is_relative_to(root) else str(rd.path)
         st = rd.status() or {}
         state = st.get("state") or ("submitted" if rd.job_record() else "-")
         error = (st.get("error") or "").splitlines()[-1:] if state != "done" else []
@@ -60,6 +75,9 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
                 "steps": _steps(rd),
                 "attempts": st.get("attempts", 0),
                 "error": error[0] if error else "",
+                "in": where,
+                "wall_s": st["finished"] - st["started"] if state == "done" and "finished" in st and "started" in st
+                else None,
             }
         )
     jobs = [r["job"] for r in out if r["job"]]
@@ -113,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in table:
             print(json.dumps(r))
         return 0
-    cols = ("run_id", "state", "job", "sacct", "steps", "attempts", "error")
+    cols = ("run_id", "state", "job", "sacct", "steps", "attempts", "in", "error")
     text = [[str(r[c] if r[c] is not None else "-") for c in cols] for r in table]
     widths = [max([len(c)] + [len(t[i]) for t in text]) for i, c in enumerate(cols)]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
@@ -123,7 +141,25 @@ def main(argv: list[str] | None = None) -> int:
     for r in table:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     print(f"{len(table)} runs: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    line = progress(table)
+    if line:
+        print(line)
     return 0
+
+
+def progress(table: list[dict]) -> str:
+    """'progress: D/N done, R running, ETA ~M min (median run W s)' while runs are going; '' when none is."""
+    done = sum(r["state"] == "done" for r in table)
+    running = sum(r["state"] == "running" for r in table)
+    if not running:
+        return ""
+    walls = [r["wall_s"] for r in table if r["wall_s"] is not None]
+    text = f"progress: {done}/{len(table)} done, {running} running"
+    if walls:
+        median = statistics.median(walls)
+        left = len(table) - done
+        text += f", ETA ~{math.ceil(left / running) * median / 60:.0f} min (median run {median:.0f} s)"
+    return text
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import yaml
 
 from experiments.rundir import RunDir, read_jsonl
 from slurm import queue
-from slurm.status import rows
+from slurm.status import progress, rows
 from slurm.submit import main, plan, submit
 from sweeps import expand
 
@@ -301,3 +301,17 @@ def test_a_config_shared_by_two_sweeps_runs_once(tmp_path, capsys):
         "hard": f"done in {first.out} (the same config)",
         "nsr": "done",
     }
+    table = {r["arm"]: r for r in rows(b, out_root=tmp_path / "runs")}  # status shows where the shared run is
+    assert table["hard"]["state"] == "done" and table["hard"]["in"] == str(first.out.relative_to(tmp_path / "runs"))
+    assert table["nsr"]["in"] == "" and table["hard"]["wall_s"] > 0
+
+
+def test_status_progress_line_and_eta():
+    def row(state, wall=None):
+        return {"state": state, "wall_s": wall}
+
+    assert progress([row("done", 100.0), row("-")]) == ""  # nothing running: no progress line
+    table = [row("done", 100.0), row("done", 140.0), row("done", 120.0), row("running"), row("running"), row("-")]
+    # 3 runs left at 2 running: 2 rounds of the median 120 s
+    assert progress(table) == "progress: 3/6 done, 2 running, ETA ~4 min (median run 120 s)"
+    assert progress([row("running"), row("-")]) == "progress: 0/2 done, 1 running"  # no finished run: no ETA
