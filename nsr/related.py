@@ -19,8 +19,8 @@ clip_cov PPO min-form; a random clip_cov_frac x n_valid of the  clip_cov_frac 2e
          unclipped tokens with lb < cov < ub get loss 0         recipe's PPO bounds are eps 1 / 1
 kl_cov   -A r (no clip) + kl_cov_coef |log r| on the top        kl_cov_frac 2e-3 (7B recipe; 2e-4 for 32B
          kl_cov_frac x n_valid tokens by cov                    and verl's default), kl_cov_coef 1
-dppo_tv  -A sg(min(r, C)) log r on kept tokens, 0 on dropped;   dppo_delta 0.15, dppo_cap C 20 (verl's
-         A > 0 drops pi - q > delta, A < 0 pi - q < -delta      fallback; the example script sets 1e4)
+dppo_tv  -A sg(min(r, C)) log r on kept tokens, 0 on dropped;   dppo_delta 0.15, dppo_cap C 1e4 (the example
+         A > 0 drops pi - q > delta, A < 0 pi - q < -delta      scripts; LossConfig's default 20 is unpublished)
 ======== ====================================================== ============================================
 
 cov = (A - mean A)(log pi - mean log pi), means over the minibatch's valid tokens (Clip-Cov / KL-Cov); the token
@@ -30,7 +30,8 @@ one uniform priority per token from the run's generator and takes the k smallest
 
 Tiny-scale fractions ([choice], docs/method.md): a tiny minibatch has ~384 valid tokens (32 x 8 responses of 6
 tokens / 4 minibatches), so the published 2e-4 floors to the minimum of 1 token per minibatch. The tiny testbed's
-value is clip_cov_frac = kl_cov_frac = 1e-2 (3 tokens; ``loss.clip_cov_frac=1e-2 loss.kl_cov_frac=1e-2``), a share
+value (preset tiny-regime, and the ``*_scaled`` arms of sweeps/related.yaml) is clip_cov_frac = kl_cov_frac = 1e-2
+(3 tokens; ``loss.clip_cov_frac=1e-2 loss.kl_cov_frac=1e-2``), a share
 still below the ~2.4 % of tokens the hard clip drops there (median clip_frac of the hard runs of the tiny
 `related` grid at commit 2160872); at the warm start 13 of a minibatch's 384 tokens lie in Clip-Cov's (1, 5) band.
 The cluster presets keep the published 2e-4 (Clip-Cov) and 2e-3 (KL-Cov, Qwen2.5-7B recipe).
@@ -60,7 +61,8 @@ def _gppo(x: RuleInput, beta_low: float, beta_high: float) -> RuleOutput:
     r, A, cfg = x.ratio, x.adv, x.cfg
     low, high = theory.clip_sides(r.detach(), A, cfg)
     bound = torch.where(high, beta_high * cfg.high, beta_low * cfg.low)  # b, times beta on its side
-    kept_gradient = -A * bound * r / r.detach()  # value -A b, d/d log pi = -A b
+    lp = torch.where(x.valid, x.log_probs, 0.0)  # padding's log-probs may be garbage: keep them out of the grad
+    kept_gradient = -A * bound * torch.exp(lp - lp.detach())  # value -A b, d/d log pi = -A b at any ratio
     loss = torch.where(low | high, kept_gradient, -A * r)
     rescued = (low & (beta_low > 0)) | (high & (beta_high > 0))
     return RuleOutput(loss, low, high, rescued=rescued)
@@ -210,12 +212,16 @@ def dppo_tv(x: RuleInput) -> RuleOutput:
     sail-sg/Stable-RL points to it): the same masks (<= / >= delta kept) and truncation. verl writes the value with
     log pi; log r = log pi - log q differs by a constant, so the gradient is the same. Published delta 0.15 (both
     sides; examples/dppo_trainer/run_qwen30b_dppo.sh); C: verl falls back to 20, the example script sets 1e4
-    (no truncation in practice). LossConfig dppo_delta = 0.15, dppo_cap = 20.
+    (no truncation in practice; the paper's scripts disable it "for a fair comparison"). LossConfig keeps
+    dppo_delta = 0.15, dppo_cap = 20; sweeps/related.yaml sets the published 1e4. The gradient carrier is the
+    unclamped log-ratio, as verl's log pi, so a kept token beyond the loss path's +/-20 log-ratio clamp still
+    gets its gradient.
     """
     A, cfg = x.adv, x.cfg
     change = x.log_probs.detach().exp() - x.old_log_probs.exp()  # pi - q
     keep = torch.where(A > 0, change <= cfg.dppo_delta, change >= -cfg.dppo_delta)
     weight = x.ratio.detach().clamp(max=cfg.dppo_cap)
-    loss = torch.where(keep, -A * weight * x.log_ratio, 0.0)
+    log_ratio = torch.where(x.valid, x.log_probs - x.old_log_probs, 0.0)  # unclamped: a gradient at any ratio
+    loss = torch.where(keep, -A * weight * log_ratio, 0.0)
     dropped = ~keep & (A != 0)
     return RuleOutput(loss, dropped & (A < 0), dropped & (A > 0))

@@ -353,3 +353,24 @@ def test_openrlhf_loss_subclass_computes_the_rule(rule):
     else:
         torch.testing.assert_close(loss, ref)
         torch.testing.assert_close(lp.grad, ref_lp.grad)
+
+
+# ---------------------------------------------------------------- beyond the loss path's log-ratio clamp (+/-20)
+def test_gppo_and_dppo_keep_their_gradient_at_extreme_ratios():
+    """GPPO's kept gradient is (1 - eps_low) A at any ratio (Klear: (1 - eps)/sg(r) * r), DPPO-TV's -A min(r, C) on a
+    kept token (verl: log pi, unclamped); both were 0 beyond |log r| = 20 when the carrier was the clamped ratio."""
+    logp, old, adv, mask = row([math.exp(-25.0)], [-1.0])  # A < 0, r = e^-25: deep below 1 - eps_low
+    for rule, beta in (("gppo", 1.0), ("ce_gppo", 0.75)):
+        _, g, _ = run(logp, old, adv, mask, nsr.LossConfig(rule=rule, ce_gppo_beta1=0.75))
+        assert g.item() == pytest.approx(beta * LO)  # d loss / d log pi = -A * beta * (1 - eps_low)
+    # A > 0, q = e^-30, pi = e^-5: r = e^25, pi - q = 0.0067 <= delta, so the token is kept; weight min(r, C) = C
+    logp, old, adv, mask = row([math.exp(25.0)], [1.0], old_prob=[math.exp(-30.0)])
+    loss, g, _ = run(logp, old, adv, mask, nsr.LossConfig(rule="dppo_tv", dppo_cap=1.0e4))
+    assert g.item() == pytest.approx(-1.0e4) and loss.item() == pytest.approx(-1.0e4 * 25.0)
+    # padding with garbage log-probs stays inert (no NaN reaches the gradient)
+    logp, old, adv, mask = row([math.exp(-25.0), 1.0], [-1.0, -1.0])
+    logp = logp.clone()
+    logp[0, 1], mask[0, 1] = float("nan"), False
+    for rule in ("gppo", "dppo_tv"):
+        _, g, _ = run(logp, old, adv, mask, nsr.LossConfig(rule=rule))
+        assert torch.isfinite(g).all() and g[0, 1] == 0
