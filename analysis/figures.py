@@ -6,6 +6,7 @@ that writes results/figures; each function takes loaded data and a path and retu
   a 95% t-band (analysis.stats.interval, the interval of the tables and claims). Constant panels are dropped.
 * :func:`delta_sweep`  one column per parameter (NSR's delta, the widened region's extra width), one row per metric.
 * :func:`forest`  every planned comparison of the claims with its interval, coloured by verdict.
+* :func:`screening`  every arm of the screening sweeps (related, dgg) minus hard, one panel per metric.
 * :func:`pass_at_k_figure`  pass@k against k per arm and sweep.
 * :func:`clip_depth`  clipped tokens by depth into NSR's rescue zone, per side and delta (NSR's dose).
 * :func:`theory`  the expected gradient weight w(r) of NSR (nsr.expected_weight) for both executors and several
@@ -387,6 +388,68 @@ def forest(results: list[dict], path: Path, formats=("png",), title: str = "plan
     fig.suptitle(f"{title}: verdict per comparison (Holm within a claim); dotted = smallest effect of interest",
                  fontsize=9)  # fmt: skip
     fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return save(fig, path, formats, tight=True)
+
+
+# ------------------------------------------------------------------------------------------- screening forest
+SCREENING_SWEEPS = ("related", "dgg")
+SCREENING_METRICS = ("late_pass@1", "reward_auc")
+
+
+def screening_rows(summary: pd.DataFrame, sweeps=SCREENING_SWEEPS, metrics=SCREENING_METRICS) -> list[tuple]:
+    """[(sweep, label, rows of tables.paired_vs_baseline for that label)]: every arm of the screening sweeps minus
+    the sweep's baseline, paired by seed (one interval rule). An arm whose runs (the same configs) already appear
+    under an earlier sweep is listed once."""
+    from analysis.tables import paired_vs_baseline
+
+    items, seen = [], set()
+    for sw in sweeps:
+        s = summary[summary["sweep"] == sw]
+        have = [m for m in metrics if m in s.columns]
+        if not len(s) or not have:
+            continue
+        d = paired_vs_baseline(s, have)
+        for label in dict.fromkeys(d["label"]):
+            runs = frozenset(s.loc[s["label"] == label, "run"])
+            if runs in seen:
+                continue
+            seen.add(runs)
+            rows = d[(d["label"] == label) & (d["n"] > 0)]
+            if len(rows):
+                items.append((sw, label, rows))
+    return items
+
+
+def screening(summary: pd.DataFrame, path: Path, sweeps=SCREENING_SWEEPS, metrics=SCREENING_METRICS,
+              formats=("png",)) -> list[Path]:  # fmt: skip
+    """:func:`screening_rows` as a forest plot, one panel per metric, each arm minus hard with its 95% t-interval.
+    Screening, not confirmatory: no verdicts, no multiplicity correction."""
+    items = screening_rows(summary, sweeps, metrics)
+    if not items:
+        return []
+    present = [m for m in metrics if any((d["metric"] == m).any() for _, _, d in items)]
+    fig, axes = plt.subplots(1, len(present), figsize=(5.2 * len(present), 0.32 * len(items) + 1.6), squeeze=False)
+    ys = np.arange(len(items))[::-1]
+    for ax, m in zip(axes[0], present):
+        for y, (_, _, d) in zip(ys, items):
+            r = d[d["metric"] == m]
+            if not len(r):
+                continue
+            r = r.iloc[0]
+            hit = np.isfinite(r["lo"]) and (r["lo"] > 0 or r["hi"] < 0)
+            c = "tab:blue" if hit else "tab:gray"
+            if np.isfinite(r["lo"]):
+                ax.plot([r["lo"], r["hi"]], [y, y], color=c, lw=2)
+            ax.plot([r["mean"]], [y], "o", color=c, ms=5)
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(ys, [f"{lab} − {d['vs'].iloc[0]} ({sw}, n={int(d['n'].max())})" for sw, lab, d in items],
+                      fontsize=7)  # fmt: skip
+        ax.set_xlabel(f"Δ {m} vs hard, 95% t-interval", fontsize=8)
+        ax.grid(alpha=0.3, axis="x")
+    n = int(max(d["n"].max() for _, _, d in items))
+    fig.suptitle(f"screening (not confirmatory): every rule − hard, paired by seed, up to {n} seeds; blue = "
+                 "interval excludes 0 (unadjusted)", fontsize=9)  # fmt: skip
+    fig.tight_layout()
     return save(fig, path, formats, tight=True)
 
 

@@ -12,7 +12,7 @@ What it writes (idempotent: the same runs give byte-identical files), every file
     <out>/tables/posthoc.md           the post-hoc readings (analysis/posthoc.yaml), labelled as such
     <out>/tables/status.md            per sweep: counted, incomplete, not done, copied and missing runs; load issues
     <out>/figures/<sweep>_dynamics.png, delta_sweep.png, judge_executor.png, theory_expected_weight.png, forest.png,
-                  pass_at_k.png, clip_depth.png
+                  pass_at_k.png, clip_depth.png, screening.png (every arm of related / dgg minus hard)
     <out>/report.html                 one static page: claims, forest plot, every figure and table, run counts, issues
 and rewrites the README block between ``<!-- claims:start -->`` and ``<!-- claims:end -->``.
 A config is one run wherever its folders are (shared by sweeps, or copied): counted once per sweep that has it.
@@ -259,6 +259,7 @@ def make_all(
     files += figures.theory(fig("theory_expected_weight"), formats=formats, bins=bins)
     files += figures.clip_depth(bins, fig("clip_depth"), formats=formats)
     files += figures.pass_at_k_figure(summary, fig("pass_at_k"), formats=formats)
+    files += figures.screening(summary, fig("screening"), formats=formats)
 
     claim_list, min_pairs = claims_mod.load_claims()
     results = claims_mod.evaluate(summary, claim_list, min_pairs)

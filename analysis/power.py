@@ -146,8 +146,10 @@ def read_run(path: str | Path, window=(0.5, 1.0)) -> RunStats:
         st.clip_frac = float(np.mean([r["clip_frac"] for r in metrics]))
         # per-update share where logged (grad_clipped_frac); older runs: the step-mean norm against the bound
         st.grad_clip_steps = float(
-            sum(r["grad_clipped_frac"] if "grad_clipped_frac" in r else r["grad_norm"] > cfg["train"]["grad_clip"]
-                for r in metrics)
+            sum(
+                r["grad_clipped_frac"] if "grad_clipped_frac" in r else r["grad_norm"] > cfg["train"]["grad_clip"]
+                for r in metrics
+            )
         )
     eval_path = rd.log_path("eval.jsonl")
     if eval_path.exists():

@@ -76,7 +76,8 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
                 "attempts": st.get("attempts", 0),
                 "error": error[0] if error else "",
                 "in": where,
-                "wall_s": st["finished"] - st["started"] if state == "done" and "finished" in st and "started" in st
+                "wall_s": st["finished"] - st["started"]
+                if state == "done" and "finished" in st and "started" in st
                 else None,
             }
         )

@@ -244,3 +244,31 @@ def test_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "grid: 4 runs x 20 steps" in out and "median wall" in out
     assert (tmp_path / "out" / "tables" / "sweep0.md").exists()
+
+
+def test_screening_forest_lists_every_arm_once_with_the_table_interval(tmp_path):
+    """related + dgg screening: each arm minus hard, the same interval as the sweep table's (tables.compare); an arm
+    whose runs also sit in the dgg sweep (the same configs, e.g. nsr) is listed once."""
+    import pandas as pd
+
+    from analysis.tables import compare
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for sweep, arms in (("related", ("hard", "nsr", "gppo")), ("dgg", ("hard", "nsr", "dgg"))):
+        for arm in arms:
+            for seed in range(3):
+                run = f"{'related' if arm in ('hard', 'nsr') else sweep}/{arm}-s{seed}"  # shared configs: one run
+                rows.append({"sweep": sweep, "run": run, "label": arm, "arm": arm, "seed": seed, "point": {},
+                             "baseline": "hard", "late_pass@1": rng.uniform(0.3, 0.5), "reward_auc": 0.4})  # fmt: skip
+    summary = pd.DataFrame(rows)
+    shared = {r["run"]: r["late_pass@1"] for r in rows if r["sweep"] == "related"}
+    summary["late_pass@1"] = [shared.get(r, v) for r, v in zip(summary["run"], summary["late_pass@1"])]
+    items = figures.screening_rows(summary)
+    assert [(sw, lab) for sw, lab, _ in items] == [("related", "nsr"), ("related", "gppo"), ("dgg", "dgg")]
+    for sw, lab, d in items:
+        got = d[d["metric"] == "late_pass@1"].iloc[0]
+        want = compare(summary[summary["sweep"] == sw], lab, "hard", "late_pass@1")
+        assert (got["mean"], got["lo"], got["hi"], got["n"]) == (want["mean"], want["lo"], want["hi"], 3)
+    (png,) = figures.screening(summary, tmp_path / "screening")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
