@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.stats import ALPHA, POWER_TARGET, holm, interval, paired_differences, power, t_test
-from analysis.tables import counterparts, fmt, select_labels
+from analysis.tables import counterparts, fmt, mixed_pairs, select_labels
 from experiments.config import ConfigError, load_yaml
 from nsr.registry import Registry
 
@@ -168,14 +168,15 @@ def verdict(test: Comparison, mean: float, p_holm: float, pw: float, n: int, min
 
 
 def combine(verdicts: list[str]) -> str:
-    """A claim's verdict: supports if every comparison supports; contradicts if some contradict and none support;
-    not reproduced at this scale if some powered comparison saw nothing and none contradicts (the claim needs all
-    its parts); else inconclusive; no data when no comparison has data."""
+    """A claim's verdict: supports if every planned comparison has data and supports; contradicts if some contradict
+    and none support; not reproduced at this scale if some powered comparison saw nothing and none contradicts (the
+    claim needs all its parts); else inconclusive (also: supporting parts while others have no runs yet); no data
+    when no comparison has data."""
     have = [v for v in verdicts if v != NO_DATA]
     if not have:
         return NO_DATA
     if all(v == SUPPORTS for v in have):
-        return SUPPORTS
+        return SUPPORTS if len(have) == len(verdicts) else INCONCLUSIVE
     if CONTRADICTS in have:
         return CONTRADICTS if SUPPORTS not in have else INCONCLUSIVE
     if NOT_REPRODUCED in have:
@@ -209,12 +210,14 @@ def comparisons(s: pd.DataFrame, test: Comparison) -> list[dict]:
             )
             continue
         ga, gb = s[s["label"] == la], s[s["label"] == cps[0]]
-        diffs, _ = paired_differences(dict(zip(ga["seed"], ga[test.metric])), dict(zip(gb["seed"], gb[test.metric])))
+        diffs, seeds = paired_differences(
+            dict(zip(ga["seed"], ga[test.metric])), dict(zip(gb["seed"], gb[test.metric]))
+        )
         mean, lo, hi, n = interval(diffs)
         null, _ = EXPECT[test.expect](test.margin)
         sd = float(np.std(diffs, ddof=1)) if n >= 2 else math.nan
         out.append({"a": la, "b": cps[0], "mean": mean, "lo": lo, "hi": hi, "n": n, "note": "",
-                    "p": t_test(diffs, null), "sd": sd})  # fmt: skip
+                    "p": t_test(diffs, null), "sd": sd, "mixed": mixed_pairs(s, la, cps[0], seeds)})  # fmt: skip
     return out
 
 
@@ -228,8 +231,8 @@ def _power_at_sesoi(test: Comparison, sd: float, n: int, m: int) -> float:
 
 
 def evaluate(summary: pd.DataFrame, claims: list[Claim], min_pairs: int = 3) -> list[dict]:
-    """Per claim: {claim, verdict, power, rows: [{test, a, b, mean, lo, hi, n, p, p_holm, power, verdict}]}; Holm
-    over every comparison of the claim that has data."""
+    """Per claim: {claim, verdict, power, rows: [{test, a, b, mean, lo, hi, n, mixed, p, p_holm, power, verdict}]};
+    Holm over every planned comparison of the claim (one without data counts, with p = 1)."""
     results = []
     for c in claims:
         s = summary[summary["sweep"] == c.sweep]
@@ -240,10 +243,12 @@ def evaluate(summary: pd.DataFrame, claims: list[Claim], min_pairs: int = 3) -> 
                 comps = [{"a": str(t.a), "b": str(t.b), "mean": math.nan, "lo": math.nan, "hi": math.nan, "n": 0,
                           "note": "no runs", "p": math.nan, "sd": math.nan}]  # fmt: skip
             rows += [{"test": t, **r} for r in comps]
-        m = sum(1 for r in rows if r["n"] >= min_pairs and np.isfinite(r["p"]))
-        adjusted = holm([r["p"] if r["n"] >= min_pairs else math.nan for r in rows])
-        for r, ph in zip(rows, adjusted):
-            r["p_holm"] = float(ph)
+        # Holm over every planned comparison: one without data (fewer than min_pairs pairs) enters with p = 1
+        m = len(rows)
+        tested = [r["n"] >= min_pairs and np.isfinite(r["p"]) for r in rows]
+        adjusted = holm([r["p"] if ok else 1.0 for r, ok in zip(rows, tested)])
+        for r, ph, ok in zip(rows, adjusted, tested):
+            r["p_holm"] = float(ph) if ok else math.nan
             r["power"] = _power_at_sesoi(r["test"], r["sd"], r["n"], m) if r["n"] else math.nan
             r["verdict"] = verdict(r["test"], r["mean"], r["p_holm"], r["power"], r["n"], min_pairs)
         powers = [r["power"] for r in rows if np.isfinite(r["power"])]
@@ -288,7 +293,8 @@ def render(results: list[dict], runs_hint: str = "--preset tiny", posthoc: bool 
                 nums.append(f"{r['verdict']}" + (f" ({r['note']})" if r.get("note") else ""))
             else:
                 ci = f"[{_signed(r['lo'])}, {_signed(r['hi'])}]" if np.isfinite(r["lo"]) else "[–]"
-                nums.append(f"{_signed(r['mean'])} {ci} ({r['n']}): {r['verdict']}")
+                mixed = f"; {r['mixed']} legacy/current" if r.get("mixed") else ""
+                nums.append(f"{_signed(r['mean'])} {ci} ({r['n']}{mixed}): {r['verdict']}")
             ps.append(_p(r.get("p_holm", math.nan)))
             pws.append(_pct(r.get("power", math.nan)))
         claim = f"**{c.claim}** ({c.source}; sweep `{c.sweep}`)"

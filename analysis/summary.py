@@ -220,8 +220,9 @@ def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(rs: RunSet, with_eval: bool = True) -> pd.DataFrame:
-    """One row per (sweep, included run) of ``rs.members``: ID_COLUMNS, every STEP_METRICS entry, n_steps, and the
-    final eval metrics. A run shared by several sweeps is computed once and appears once in each sweep."""
+    """One row per (sweep, included run) of ``rs.members``: ID_COLUMNS, ``legacy`` (made by older code than today's:
+    its recorded hash differs), every STEP_METRICS entry, n_steps, and the final eval metrics. A run shared by several
+    sweeps is computed once and appears once in each sweep."""
     runs = list(dict.fromkeys(rs.members["run"])) if len(rs.members) else []
     groups = dict(tuple(rs.steps.groupby("run", sort=False))) if len(rs.steps) else {}
     rows = []
@@ -237,6 +238,11 @@ def summarize(rs: RunSet, with_eval: bool = True) -> pd.DataFrame:
         per_run = per_run.merge(fe, on="run", how="left")
     members = rs.members if len(rs.members) else pd.DataFrame(columns=ID_COLUMNS)
     out = members[[c for c in ID_COLUMNS if c in members.columns]].merge(per_run, on="run", how="left")
+    runs = rs.runs
+    legacy = dict(zip(runs["run"], runs["legacy"])) if len(runs) and "legacy" in runs.columns else {}
+    out.insert(
+        len([c for c in ID_COLUMNS if c in out.columns]), "legacy", [bool(legacy.get(r, False)) for r in out["run"]]
+    )
     return out.reset_index(drop=True)
 
 

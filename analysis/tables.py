@@ -148,13 +148,15 @@ def compare(s: pd.DataFrame, a: str, b: str, metric: str) -> dict:
     """Paired difference a - b of ``metric`` between labels ``a`` and ``b`` over their common seeds.
 
     Returns:
-        {a, b, metric, mean, lo, hi, n, a_mean, b_mean, seeds}; lo/hi NaN with fewer than 2 pairs.
+        {a, b, metric, mean, lo, hi, n, mixed, a_mean, b_mean, seeds}; lo/hi NaN with fewer than 2 pairs; ``mixed``:
+        pairs of a legacy and a current run (:func:`mixed_pairs`).
     """
     va = dict(zip(s.loc[s["label"] == a, "seed"], s.loc[s["label"] == a, metric], strict=True))
     vb = dict(zip(s.loc[s["label"] == b, "seed"], s.loc[s["label"] == b, metric], strict=True))
     diffs, seeds = paired_differences(va, vb)
     mean, lo, hi, n = interval(diffs)
     return {
+        "mixed": mixed_pairs(s, a, b, seeds),
         "a": a,
         "b": b,
         "metric": metric,
@@ -168,10 +170,21 @@ def compare(s: pd.DataFrame, a: str, b: str, metric: str) -> dict:
     }
 
 
+def mixed_pairs(s: pd.DataFrame, a: str, b: str, seeds) -> int:
+    """Same-seed pairs of labels ``a`` and ``b`` in which one run is legacy (older code) and the other current. Both
+    run the same config: the pair is a valid paired sample, but the two runs do not share the common random numbers
+    that same-seed pairing relies on (the draws changed with the code), so such pairs are counted and shown."""
+    if "legacy" not in s.columns:
+        return 0
+    la = dict(zip(s.loc[s["label"] == a, "seed"], s.loc[s["label"] == a, "legacy"]))
+    lb = dict(zip(s.loc[s["label"] == b, "seed"], s.loc[s["label"] == b, "legacy"]))
+    return sum(bool(la[k]) != bool(lb[k]) for k in seeds)
+
+
 def paired_vs_baseline(s: pd.DataFrame, metrics=None) -> pd.DataFrame:
     """Paired differences of every non-baseline label vs its baseline counterpart (pairs by seed).
 
-    Columns: label, vs, metric, mean, lo, hi, n. Empty when the sweep names no baseline arm.
+    Columns: label, vs, metric, mean, lo, hi, n, mixed. Empty when the sweep names no baseline arm.
     """
     base = baseline_arm(s)
     metrics = table_metrics(s) if metrics is None else list(metrics)
@@ -185,8 +198,10 @@ def paired_vs_baseline(s: pd.DataFrame, metrics=None) -> pd.DataFrame:
                 continue
             for m in metrics:
                 r = compare(s, label, cps[0], m)
-                rows.append({"label": label, "vs": cps[0], **{k: r[k] for k in ("metric", "mean", "lo", "hi", "n")}})
-    return pd.DataFrame(rows, columns=["label", "vs", "metric", "mean", "lo", "hi", "n"])
+                rows.append(
+                    {"label": label, "vs": cps[0], **{k: r[k] for k in ("metric", "mean", "lo", "hi", "n", "mixed")}}
+                )
+    return pd.DataFrame(rows, columns=["label", "vs", "metric", "mean", "lo", "hi", "n", "mixed"])
 
 
 # ------------------------------------------------------------------------------------------- formatting
@@ -281,6 +296,15 @@ def sweep_tables(s: pd.DataFrame, sweep: str) -> dict[str, str]:
             else:
                 parts += [f"\n### {dtitle}\n", markdown(["difference", "pairs", *[f"Δ {c}" for c in dcols]], drows)]
         notes = [f"{m}: {metric_doc(m)}" for m in metrics]
+        mixed = diffs.groupby("label")["mixed"].max() if len(diffs) else pd.Series(dtype=int)
+        mixed = mixed[mixed > 0]
+        if len(mixed):
+            notes.insert(0, "pairs of a legacy and a current run (same config, older code: a valid pair, but without "
+                         "the shared random draws of same-seed pairs): "
+                         + ", ".join(f"{lab} − {base} {int(k)}" for lab, k in mixed.items()))  # fmt: skip
+        legacy = int(g["legacy"].sum()) if "legacy" in g.columns else 0
+        if legacy:
+            notes.insert(0, f"legacy runs (older code) counted in this sweep: {legacy} of {len(g)}")
         if is_tex:
             parts.append("".join(f"% {n}\n" for n in notes))
         else:

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import claims
+from analysis import claims, tables
 from analysis.claims import CONTRADICTS, INCONCLUSIVE, NO_DATA, NOT_REPRODUCED, SUPPORTS, Comparison, Side
 from analysis.summary import STEP_METRICS
 from sweeps import load_sweep
@@ -41,7 +41,8 @@ def test_too_few_seeds_or_none():
 
 
 def test_combine():
-    assert claims.combine([SUPPORTS, SUPPORTS, NO_DATA]) == SUPPORTS
+    assert claims.combine([SUPPORTS, SUPPORTS]) == SUPPORTS
+    assert claims.combine([SUPPORTS, SUPPORTS, NO_DATA]) == INCONCLUSIVE  # a planned part has no runs yet
     assert claims.combine([CONTRADICTS, INCONCLUSIVE]) == CONTRADICTS
     assert claims.combine([CONTRADICTS, SUPPORTS]) == INCONCLUSIVE  # mixed evidence
     assert claims.combine([SUPPORTS, INCONCLUSIVE]) == INCONCLUSIVE
@@ -170,3 +171,31 @@ def test_bad_claims_file(tmp_path, text, match):
     p.write_text(text)
     with pytest.raises(ValueError, match=match):
         claims.load_claims(p)
+
+
+def test_pairs_of_a_legacy_and_a_current_run_are_counted_and_shown():
+    s = summary_of({"hard": [0.40, 0.42, 0.38], "nsr": [0.45, 0.44, 0.43]})
+    s["legacy"] = [False, False, False, True, False, True]  # nsr seeds 0 and 2 made by older code
+    (row,) = claims.comparisons(s, Comparison(Side("nsr", {}), Side("hard", {}), "pass@1", "greater", 0.0, 0.02))
+    assert row["n"] == 3 and row["mixed"] == 2
+    assert tables.compare(s, "nsr", "hard", "pass@1")["mixed"] == 2
+    claim = claims.Claim(
+        "c",
+        "nsr beats hard",
+        "test",
+        "s",
+        (Comparison(Side("nsr", {}), Side("hard", {}), "pass@1", "greater", 0.0, 0.02),),
+    )
+    text = claims.render(claims.evaluate(s, [claim]))
+    assert "(3; 2 legacy/current)" in text
+
+
+def test_holm_counts_planned_comparisons_without_runs():
+    s = summary_of({"hard": [0.40, 0.42, 0.38, 0.41], "nsr": [0.50, 0.53, 0.47, 0.52]})
+    t_have = Comparison(Side("nsr", {}), Side("hard", {}), "pass@1", "greater", 0.0, 0.02)
+    t_none = Comparison(Side("soft", {}), Side("hard", {}), "pass@1", "greater", 0.0, 0.02)
+    one = claims.evaluate(s, [claims.Claim("a", "x", "src", "s", (t_have,))])[0]
+    two = claims.evaluate(s, [claims.Claim("b", "x", "src", "s", (t_have, t_none))])[0]
+    p1, p2 = one["rows"][0]["p_holm"], two["rows"][0]["p_holm"]
+    assert p2 == pytest.approx(min(1.0, 2 * p1))  # the family has two planned comparisons, one without runs
+    assert two["verdict"] != claims.SUPPORTS  # supporting one part while the other has no runs is not support
