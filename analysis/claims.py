@@ -9,7 +9,8 @@ metric between two arms of one sweep, with the direction the paper predicts and 
 (``sesoi``). Each comparison shows the same 95% Student-t interval of the same-seed differences as the tables and
 figures (analysis.stats.interval). Its verdict comes from the t-test p-values, Holm-corrected over the comparisons
 of its claim; a directional comparison that is not significant is "not reproduced at this scale" when the test had
->= 80% power to see the smallest effect of interest (at the observed spread, level 0.05 / number of comparisons),
+>= 80% power to see the smallest effect of interest (at the upper 80% confidence limit of the paired SD, level
+0.05 / number of planned comparisons),
 and "inconclusive" when it did not.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import scipy.stats as sps
 
 from analysis.stats import ALPHA, POWER_TARGET, holm, interval, paired_differences, power, t_test
 from analysis.tables import counterparts, fmt, mixed_pairs, select_labels
@@ -221,13 +223,22 @@ def comparisons(s: pd.DataFrame, test: Comparison) -> list[dict]:
     return out
 
 
+SD_CONFIDENCE = 0.8
+"""Power uses the upper one-sided limit of the paired SD at this confidence."""
+
+
 def _power_at_sesoi(test: Comparison, sd: float, n: int, m: int) -> float:
     """Power to see the sesoi (directional tests) or to show the margin with no true difference (the others), at
-    level ALPHA / m (Holm's first step: the strictest level a comparison of the claim can face)."""
+    level ALPHA / m (Holm's first step: the strictest level a comparison of the claim can face), at the upper
+    one-sided 80% confidence limit of the paired SD (chi-square): with 3-5 seeds the observed SD alone can be small
+    by luck and would call a comparison powered that is not."""
     if sd == 0 and n >= 2:
         return 1.0  # every seed gave the same difference (e.g. no spike in any run of either arm): taken as powered
     effect = test.sesoi if test.expect in DIRECTIONAL else test.margin
-    return power(effect, sd, n, ALPHA / max(m, 1)) if effect > 0 else math.nan
+    if not (effect > 0) or n < 2 or not np.isfinite(sd):
+        return math.nan
+    sd_upper = sd * math.sqrt((n - 1) / sps.chi2.ppf(1 - SD_CONFIDENCE, n - 1))
+    return power(effect, sd_upper, n, ALPHA / max(m, 1))
 
 
 def evaluate(summary: pd.DataFrame, claims: list[Claim], min_pairs: int = 3) -> list[dict]:
@@ -310,8 +321,9 @@ def render(results: list[dict], runs_hint: str = "--preset tiny", posthoc: bool 
         "Rule (analysis/claims.py): 95% Student-t interval of the same-seed differences (the interval of every table "
         "and figure); t-test p-values Holm-corrected within a claim; a directional comparison that is not "
         "significant is *not reproduced at this scale* when its power to see the smallest effect of interest "
-        "(sesoi, fixed per comparison in the claims file; observed spread, level 0.05 / comparisons) is >= 80%, "
-        "else *inconclusive*; fewer than min_pairs seeds is inconclusive.\n"
+        "(sesoi, fixed per comparison in the claims file; upper 80% confidence limit of the paired SD, level 0.05 / "
+        "planned comparisons) is >= 80%, else *inconclusive*; fewer than min_pairs seeds is inconclusive; "
+        '"k legacy/current" counts pairs of a run by older code and one by today\'s.\n'
     )
     return header + "\n".join(lines) + "\n\n" + regen
 

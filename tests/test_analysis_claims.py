@@ -199,3 +199,15 @@ def test_holm_counts_planned_comparisons_without_runs():
     p1, p2 = one["rows"][0]["p_holm"], two["rows"][0]["p_holm"]
     assert p2 == pytest.approx(min(1.0, 2 * p1))  # the family has two planned comparisons, one without runs
     assert two["verdict"] != claims.SUPPORTS  # supporting one part while the other has no runs is not support
+
+
+def test_power_uses_the_upper_confidence_limit_of_the_sd():
+    """3 seeds with a lucky small SD must not make a comparison 'powered': power is computed at the upper 80% limit
+    of the SD (chi-square, 2 df: a factor sqrt(2 / chi2.ppf(0.2, 2)) = 2.12), not at the observed SD."""
+    from analysis.stats import power
+
+    t = Comparison(Side("a", {}), Side("b", {}), "pass@1", "greater", 0.0, 0.02)
+    at_observed = power(0.02, 0.006, 3)
+    got = claims._power_at_sesoi(t, 0.006, 3, 1)
+    assert at_observed > 0.8 > got
+    assert got == pytest.approx(power(0.02, 0.006 * math.sqrt(2 / 0.4462871026284195), 3))
