@@ -322,7 +322,8 @@ def delta_sweep(rs, summary, path: Path, sweep: str = "delta", formats=("png",))
             pts = [interval(g.loc[g["x"] == x, m].to_numpy(dtype=float)) for x in xs]
             mean = np.array([p[0] for p in pts])
             err = np.array([[p[0] - p[1], p[2] - p[0]] for p in pts]).T
-            n = int(g["seed"].nunique())
+            ns = [int(g.loc[g["x"] == x, "seed"].nunique()) for x in xs]
+            n = str(ns[0]) if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}"
             ax.errorbar(xs, mean, yerr=np.nan_to_num(err), color=cols[arm], marker="o", ms=4, capsize=3,
                         label=f"{arm} (n={n} seeds per point)")  # fmt: skip
             if np.isfinite(bmean):

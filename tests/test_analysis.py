@@ -416,3 +416,22 @@ def test_spike_metric_on_synthetic_traces(seed):
     assert 0 < summary.spike_steps(_trace(decay * spike * jitter, reward_up - dip)) < 0.15
     # the same rise while the reward holds: not a spike
     assert summary.entropy_spike(_trace(decay * spike * jitter, reward_up)) == 0
+
+
+def test_summary_keeps_one_run_per_label_and_seed():
+    """Two runs on one (sweep, label, seed) (e.g. an old folder whose arm's values changed since): the current one
+    is kept, the other reported, so the table's n and the paired comparison agree."""
+    from types import SimpleNamespace
+
+    members = pd.DataFrame(
+        [
+            {"run": r, "sweep": "s", "run_id": r, "label": lab, "arm": lab, "seed": 0, "baseline": "hard", "point": {}}
+            for r, lab in (("old-hard", "hard"), ("new-hard", "hard"), ("nsr", "nsr"))
+        ]
+    )
+    steps = pd.DataFrame({"run": ["old-hard", "new-hard", "nsr"], "step": [1, 1, 1], "reward_mean": [0.1, 0.2, 0.3]})
+    runs = pd.DataFrame({"run": ["old-hard", "new-hard", "nsr"], "legacy": [True, False, False]})
+    rs = SimpleNamespace(members=members, steps=steps, runs=runs, notes=[])
+    s = summarize(rs, with_eval=False)
+    assert list(s["run"]) == ["new-hard", "nsr"] and not s["legacy"].any()
+    assert rs.notes == ["s: old-hard is a second run of label 'hard' seed 0; not counted"]
