@@ -143,7 +143,7 @@ def read_run(path: str | Path, window=(0.5, 1.0)) -> RunStats:
     if metrics:
         st.steps = len(metrics)
         st.reward_auc = float(np.mean([r["reward_mean"] for r in metrics]))
-        st.clip_frac = float(np.mean([r["clip_frac"] for r in metrics]))
+        st.clip_frac = float(np.mean([r["clip_frac_low"] + r["clip_frac_high"] for r in metrics]))  # every backend
         # per-update share where logged (grad_clipped_frac); older runs: the step-mean norm against the bound
         st.grad_clip_steps = float(
             sum(
@@ -295,16 +295,34 @@ def candidate_readout(runs: list[RunStats], regime: dict, name: str, expected: i
 
 def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, sweep: str | None = None) -> dict:
     """Stage A over a folder of run folders: per-candidate readouts, the chosen regime and stage B's size."""
+    from experiments.rundir import RunDir, RunFolderError
+
     regime = load_regime(regime_path)
     root = Path(root)
-    runs = [read_run(p.parent, tuple(regime["primary_metric"]["window"])) for p in sorted(root.glob("*/config.yaml"))]
     expected: dict[str, int] = {}
+    hashes: set[str] | None = None
     if sweep or regime.get("stage_a_sweep"):
         from sweeps import expand
 
+        hashes = set()
         for spec in expand(sweep or regime["stage_a_sweep"]):
             k = str(spec.meta["point"].get("regime", ""))
             expected[k] = expected.get(k, 0) + 1
+            hashes.add(spec.config.run_hash())
+    # one folder per config: a config of the sweep as today's code hashes it (no legacy folder, no other config),
+    # a done folder before an unfinished one, then by path (a copy never counts twice or stands in for a missing run)
+    by_hash: dict[str, Path] = {}
+    for p in sorted(root.glob("*/config.yaml")):
+        rd = RunDir(p.parent)
+        try:
+            h = rd.config_hash()
+        except RunFolderError:
+            continue
+        if hashes is not None and h not in hashes:
+            continue
+        if h not in by_hash or (rd.state() == "done" and RunDir(by_hash[h]).state() != "done"):
+            by_hash[h] = p.parent
+    runs = [read_run(path, tuple(regime["primary_metric"]["window"])) for path in sorted(by_hash.values())]
     cands = {}
     for name in regime["candidates"]:
         mine = [r for r in runs if r.regime == name]

@@ -82,12 +82,13 @@ def test_readout_finds_the_issue_facts_on_the_tiny_grid():
     """The tiny preset as a would-be candidate (hard, nsr at delta 0.2, widened by 0.05; seeds 0-1)."""
     regime = {**REGIME, "candidates": {"tiny": {"overrides": {}, "delta": 0.2, "cost": 1.0}}}
     runs = []
-    for arm, pattern in (
-        ("hard", "hard-s[01]-*"),
-        ("nsr", "nsr-delta0.2-s[01]-*"),
-        ("widen_small", "widened-widen0.05-s[01]-*"),
-    ):
-        for path in sorted(GRID.glob(pattern)):
+    current = {spec.run_id.rsplit("-", 1)[0]: GRID / spec.run_id for spec in expand("delta", preset="tiny")}
+    for arm, name in (("hard", "hard"), ("nsr", "nsr-delta0.2"), ("widen_small", "widened-widen0.05")):
+        for seed in (0, 1):
+            # the run of today's code where it is done, else the committed legacy folder of that config
+            path = current[f"{name}-s{seed}"]
+            if RunDir(path).state() != "done":
+                (path,) = [p for p in GRID.glob(f"{name}-s{seed}-*") if RunDir(p).state() == "done"][:1]
             r = P.read_run(path)
             r.arm, r.regime = arm, "tiny"
             runs.append(r)
@@ -127,3 +128,21 @@ def test_dose_matched_width_of_a_one_bin_histogram():
 def test_readout_of_an_empty_folder_chooses_nothing(tmp_path, capsys):
     assert P.main(["regime", str(tmp_path)]) == 0
     assert "none qualifies (stage B is not run)" in capsys.readouterr().out
+
+
+def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
+    """A copy of a run folder and a folder of another config (e.g. made by older code) next to the stage-A runs:
+    the readout counts each of the sweep's configs once and nothing else."""
+    import shutil
+
+    from analysis.synth import ArmSpec, write_folder
+    from experiments.config import apply_overrides, from_dict
+
+    specs = [s for s in expand("regime_search") if s.meta["point"].get("regime") == "u16" and s.config.seed == 0]
+    for spec in specs:  # the sweep's own configs (hard, nsr, widen_small of u16, seed 0)
+        write_folder(tmp_path / spec.run_id, spec.config, dict(spec.meta), ArmSpec())
+    shutil.copytree(tmp_path / specs[0].run_id, tmp_path / f"{specs[0].run_id}-copy")
+    other = from_dict(apply_overrides(specs[0].config.to_dict(), {"train.lr": 5e-5}))  # a config not in the sweep
+    write_folder(tmp_path / "hard-other", other, dict(specs[0].meta), ArmSpec())
+    out = P.regime_readout(tmp_path)["candidates"]["u16"]
+    assert len(specs) == 3 and out["runs"] == 3 and out["done"] == 3
