@@ -606,7 +606,7 @@ def _dedupe(runs: pd.DataFrame, issue) -> None:
     runs.loc[dup_key, "run"] = runs.loc[dup_key, "folder"]
 
 
-MEMBER_COLUMNS = ["run", "sweep", "run_id", "arm", "label", "seed", "baseline", "point", "preset"]
+MEMBER_COLUMNS = ["run", "sweep", "run_id", "arm", "label", "seed", "baseline", "point", "preset", "in_file"]
 
 
 def _members(runs: pd.DataFrame, sweeps_dir: Path | None, presets_dir=None) -> tuple[pd.DataFrame, list[str]]:
@@ -618,9 +618,10 @@ def _members(runs: pd.DataFrame, sweeps_dir: Path | None, presets_dir=None) -> t
     for rec in inc.to_dict("records"):
         own = {k: rec[k] for k in ("run", "sweep", "run_id", "arm", "seed", "baseline", "point")}
         own["preset"] = rec.get("meta.preset")
+        own["in_file"] = False  # its config.yaml names the sweep; today's sweep file may not hold the config any more
         mine = {own["sweep"]: own}
         for m in by_hash.get(rec["config_hash"], []):
-            mine[m["sweep"]] = {"run": rec["run"], **m}
+            mine[m["sweep"]] = {"run": rec["run"], **m, "in_file": True}
         rows += list(mine.values())
     members = pd.DataFrame(rows, columns=[c for c in MEMBER_COLUMNS if c != "label"])
     members["label"] = [make_label(a, p) for a, p in zip(members["arm"], members["point"])]

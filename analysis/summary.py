@@ -244,8 +244,10 @@ def summarize(rs: RunSet, with_eval: bool = True) -> pd.DataFrame:
         len([c for c in ID_COLUMNS if c in out.columns]), "legacy", [bool(legacy.get(r, False)) for r in out["run"]]
     )
     # one run per (sweep, label, seed): two configs can land on one label (an old folder whose arm's values changed
-    # since, counted in its own sweep); keep the current one (else the first) and say so
-    dup = out.sort_values("legacy", kind="stable").duplicated(["sweep", "label", "seed"], keep="first")
+    # since, counted in its own sweep); keep the one today's sweep file holds, then current code before legacy
+    in_file = members["in_file"].to_numpy(dtype=bool) if "in_file" in members.columns else np.ones(len(out), bool)
+    key = out.assign(_f=~in_file, _l=out["legacy"])
+    dup = key.sort_values(["_f", "_l"], kind="stable").duplicated(["sweep", "label", "seed"], keep="first")
     for rec in out.loc[dup[dup].index].itertuples(index=False):
         rs.notes.append(f"{rec.sweep}: {rec.run} is a second run of label {rec.label!r} seed {rec.seed}; not counted")
     out = out.drop(index=dup[dup].index)

@@ -296,12 +296,12 @@ def sweep_tables(s: pd.DataFrame, sweep: str) -> dict[str, str]:
             else:
                 parts += [f"\n### {dtitle}\n", markdown(["difference", "pairs", *[f"Δ {c}" for c in dcols]], drows)]
         notes = [f"{m}: {metric_doc(m)}" for m in metrics]
-        mixed = diffs.groupby("label")["mixed"].max() if len(diffs) else pd.Series(dtype=int)
+        mixed = diffs.groupby("pair", sort=False)["mixed"].max() if len(diffs) else pd.Series(dtype=int)
         mixed = mixed[mixed > 0]
         if len(mixed):
             notes.insert(0, "pairs of a legacy and a current run (same config, older code: a valid pair, but without "
                          "the shared random draws of same-seed pairs): "
-                         + ", ".join(f"{lab} − {base} {int(k)}" for lab, k in mixed.items()))  # fmt: skip
+                         + ", ".join(f"{pair} {int(k)}" for pair, k in mixed.items()))  # fmt: skip
         legacy = int(g["legacy"].sum()) if "legacy" in g.columns else 0
         if legacy:
             notes.insert(0, f"legacy runs (older code) counted in this sweep: {legacy} of {len(g)}")

@@ -211,7 +211,7 @@ def dppo_tv(x: RuleInput) -> RuleOutput:
     Checked against verl ``compute_policy_loss_dppo_tv`` (verl-project/verl after PR 5397, which cites the paper;
     sail-sg/Stable-RL points to it): the same masks (<= / >= delta kept) and truncation. verl writes the value with
     log pi; log r = log pi - log q differs by a constant, so the gradient is the same. Published delta 0.15 (both
-    sides; examples/dppo_trainer/run_qwen30b_dppo.sh); C: verl falls back to 20, the example script sets 1e4
+    sides; examples/dppo_trainer/run_qwen30b_dppo.sh); C: the example scripts set 1e4
     (no truncation in practice; the paper's scripts disable it "for a fair comparison"). LossConfig keeps
     dppo_delta = 0.15, dppo_cap = 20; sweeps/related.yaml sets the published 1e4. The gradient carrier is the
     unclamped log-ratio, as verl's log pi, so a kept token beyond the loss path's +/-20 log-ratio clamp still

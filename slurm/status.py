@@ -43,7 +43,9 @@ def _steps(rd: RunDir) -> int:
 
 
 def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | None = None) -> list[dict]:
-    """One dict per run: run_id, arm, state, job, sacct, steps, attempts, error. Never raises on a folder."""
+    """One dict per run: run_id, arm, state, job, sacct, steps, attempts, error, in (the folder holding the config
+    when it is another sweep's, else ""), wall_s (started -> finished of a done run's last attempt, else None).
+    Never raises on a folder."""
     root = Path(out_root) if out_root else RUNS_ROOT
     specs = expand(sweep, preset=preset)
     out = []
@@ -152,13 +154,14 @@ def progress(table: list[dict]) -> str:
     """'progress: D/N done, R running, ETA ~M min (median run W s)' while runs are going; '' when none is."""
     done = sum(r["state"] == "done" for r in table)
     running = sum(r["state"] == "running" for r in table)
+    stuck = sum(r["state"] in ("failed", "bad") or r["state"].startswith(("not started", "stopped")) for r in table)
     if not running:
         return ""
     walls = [r["wall_s"] for r in table if r["wall_s"] is not None]
     text = f"progress: {done}/{len(table)} done, {running} running"
     if walls:
         median = statistics.median(walls)
-        left = len(table) - done
+        left = len(table) - done - stuck  # failed / stopped runs wait for a resubmission: not in the ETA
         text += f", ETA ~{math.ceil(left / running) * median / 60:.0f} min (median run {median:.0f} s)"
     return text
 

@@ -435,3 +435,7 @@ def test_summary_keeps_one_run_per_label_and_seed():
     s = summarize(rs, with_eval=False)
     assert list(s["run"]) == ["new-hard", "nsr"] and not s["legacy"].any()
     assert rs.notes == ["s: old-hard is a second run of label 'hard' seed 0; not counted"]
+    # two runs of today's code on one label (the arm's values changed): the one today's sweep file holds is kept
+    current = runs.assign(legacy=False)
+    rs = SimpleNamespace(members=members.assign(in_file=[True, False, True]), steps=steps, runs=current, notes=[])
+    assert list(summarize(rs, with_eval=False)["run"]) == ["old-hard", "nsr"]
