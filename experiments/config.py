@@ -120,7 +120,8 @@ class TaskConfig:
     """What is solved and how it is verified."""
 
     name: str = "countdown3"
-    """tiny: countdown3 (Countdown with 3 digits) or add3; openrlhf: math (boxed answers, math-verify)."""
+    """tiny: countdown3 (Countdown with 3 digits), countdown4 (4 digits, answers of 8 tokens) or add3; openrlhf:
+    math (boxed answers, math-verify)."""
     train_data: str = ""
     """openrlhf: prompt JSONL made by ``python -m experiments.openrlhf.data`` (empty for tiny)."""
     eval_benchmarks: tuple[str, ...] = ()

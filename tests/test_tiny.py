@@ -205,6 +205,7 @@ def test_resume_after_eval_was_compressed(nsr_run, tmp_path_factory):
         (["loss.level=sequence", "loss.rule=nsr"], None),
         (["loss.rule=pushout", "advantages.kind=no_std", "train.agg_mode=seq-mean-token-mean"], None),
         (["task.name=add3", "sft.steps=10", "rollout.max_new_tokens=5"], None),
+        (["task.name=countdown4", "sft.steps=10", "rollout.max_new_tokens=10"], None),
     ],
 )
 def test_other_paths_run(tiny_env, tmp_path_factory, overrides, extra_key):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from experiments.tiny.model import response_mask
-from experiments.tiny.task import EOS, TASKS, countdown_value, decode, encode, get_task
+from experiments.tiny.task import EOS, TASKS, countdown4_value, countdown_value, decode, encode, get_task
 
 
 def _pid(task, prompt: str) -> int:
@@ -104,6 +104,29 @@ def test_decode_and_response_mask():
 
 
 def test_registry_lists_tasks():
-    assert list(TASKS) == ["countdown3", "add3"]
-    with pytest.raises(ValueError, match="task.name='nope'.*countdown3, add3"):
+    assert list(TASKS) == ["countdown3", "add3", "countdown4"]
+    with pytest.raises(ValueError, match="task.name='nope'.*countdown3, add3, countdown4"):
         TASKS["nope"]
+
+
+@pytest.mark.parametrize(
+    "expr, value",
+    [("1+2*3-4", 3), ("2*3*4+1", 25), ("9-8-7+6", 0), ("1-2*3*4", -23), ("9*9*9*9", 6561), ("5+5+5+5", 20)],
+)
+def test_countdown4_value_hand_cases(expr, value):
+    assert countdown4_value(expr) == value
+
+
+def test_countdown4_problems_and_verifier():
+    task = get_task("countdown4")
+    assert task.prompt_len == 9 and task.answer_len == 8 and len(task.eval_ids) == 512
+    assert not set(task.eval_ids.tolist()) & set(task.train_ids.tolist())
+    pid = next(i for i, (d, v, _) in enumerate(task.problems) if d == (1, 2, 3, 4) and v == 25)
+    assert task.prompt_text(pid) == "1234:025="
+    assert task.is_correct(pid, "4*3*2+1") and task.is_correct(pid, "1+2*3*4")  # any order of the four digits
+    assert not task.is_correct(pid, "4*3*2+2")  # a digit not in the prompt
+    assert not task.is_correct(pid, "4*6+1") and not task.is_correct(pid, None)  # not four digits / no EOS
+    assert all(task.is_correct(pid, a) for a in task.solutions(pid)) and "4*3*2+1" in task.solutions(pid)
+    assert task.answer("4*3*2+2") == 26 and task.answer("12") is None
+    for d, v, answers in task.problems[::997]:  # every listed answer uses the digits and hits the target
+        assert all(sorted(map(int, a[::2])) == list(d) and countdown4_value(a) == v for a in answers)

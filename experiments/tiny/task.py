@@ -1,4 +1,4 @@
-"""Tiny verifiable tasks for the CPU testbed: Countdown-3 (default) and 3-digit addition.
+"""Tiny verifiable tasks for the CPU testbed: Countdown-3 (default), Countdown-4 and 3-digit addition.
 
 Both share one 16-token character vocabulary (``0-9 + - * : =`` and EOS) and fixed-length prompts, so there is no
 padding on the prompt side. Every task enumerates its problems, splits them once, by a fixed seed that no config
@@ -7,6 +7,8 @@ can change, into a training split (SFT and RL prompts) and a held-out eval split
 * ``countdown3``: prompt ``abc:ttt=`` (three digits 1-9, sorted; target 0-999 written with 3 digits). A correct
   completion is ``x op y op z`` then EOS (ops ``+ - *``, usual precedence) using exactly the prompt's digits and
   evaluating to the target. 1418 problems; many have several answers, so samples stay diverse.
+* ``countdown4``: prompt ``abcd:ttt=``, completion ``a op b op c op d`` then EOS (8 tokens); the same rules with
+  four digits. A harder task with longer answers (docs/evidence.md); no tuned warm start yet.
 * ``add3``: prompt ``aaa+bbb=`` (operands written least-significant digit first); the answer is the sum, LSB
   first, zero-padded to 4 digits, then EOS. 10^6 problems, one answer each.
 """
@@ -177,6 +179,73 @@ class Countdown3(Task):
         return countdown_value(text) if text is not None and _well_formed(text) else None
 
 
+# -------------------------------------------------------------------- Countdown-4
+def countdown4_value(expr: str) -> int:
+    """Value of ``d op d op d op d`` (single digits, ops + - *) with the usual precedence: products first, then
+    sums and differences from left to right."""
+    terms, signs = [int(expr[0])], [1]
+    for op, d in zip(expr[1::2], map(int, expr[2::2])):
+        if op == "*":
+            terms[-1] *= d
+        else:
+            terms.append(d)
+            signs.append(1 if op == "+" else -1)
+    return sum(s * t for s, t in zip(signs, terms))
+
+
+def _well_formed4(text: str) -> bool:
+    return (
+        len(text) == 7 and all(text[i] in "123456789" for i in (0, 2, 4, 6)) and all(text[i] in _OPS for i in (1, 3, 5))
+    )
+
+
+@functools.cache
+def _countdown4_problems() -> tuple[tuple[tuple[int, int, int, int], int, tuple[str, ...]], ...]:
+    """Every (sorted digits, target, answers) with four digits 1-9 and a target in 0-999, sorted."""
+    found: dict[tuple[tuple[int, ...], int], list[str]] = {}
+    for digits in itertools.combinations_with_replacement(range(1, 10), 4):
+        for perm in sorted(set(itertools.permutations(digits))):
+            for ops in itertools.product(_OPS, repeat=3):
+                expr = f"{perm[0]}{ops[0]}{perm[1]}{ops[1]}{perm[2]}{ops[2]}{perm[3]}"
+                v = countdown4_value(expr)
+                if 0 <= v <= 999:
+                    found.setdefault((digits, v), []).append(expr)
+    return tuple((d, v, tuple(exprs)) for (d, v), exprs in sorted(found.items()))
+
+
+class Countdown4(Task):
+    """Countdown with four digits: prompt ``abcd:ttt=``, answer ``a op b op c op d`` then EOS (8 tokens, so
+    ``rollout.max_new_tokens`` >= 8). A harder task with longer answers than countdown3 (a stage-A candidate of
+    docs/evidence.md; its warm start is not tuned yet)."""
+
+    name = "countdown4"
+    prompt_len = 9
+    answer_len = 8
+    n_eval = 512
+
+    def __init__(self):
+        self.problems = _countdown4_problems()
+        self.n_problems = len(self.problems)
+        super().__init__()
+
+    def prompt_text(self, pid: int) -> str:
+        digits, target, _ = self.problems[pid]
+        return "".join(map(str, digits)) + f":{target:03d}="
+
+    def solutions(self, pid: int) -> list[str]:
+        return list(self.problems[pid][2])
+
+    def is_correct(self, pid: int, text: str | None) -> bool:
+        if text is None or not _well_formed4(text):
+            return False
+        digits, target, _ = self.problems[pid]
+        return tuple(sorted(int(text[i]) for i in (0, 2, 4, 6))) == digits and countdown4_value(text) == target
+
+    def answer(self, text: str | None) -> int | None:
+        """The expression's value (whatever digits it uses), None if it is not ``d op d op d op d``."""
+        return countdown4_value(text) if text is not None and _well_formed4(text) else None
+
+
 # -------------------------------------------------------------------- 3-digit addition
 class Add3(Task):
     name = "add3"
@@ -204,6 +273,7 @@ class Add3(Task):
 TASKS: Registry[type[Task]] = Registry("task.name")
 TASKS.register("countdown3")(Countdown3)
 TASKS.register("add3")(Add3)
+TASKS.register("countdown4")(Countdown4)
 
 
 @functools.cache
