@@ -184,7 +184,8 @@ def mixed_pairs(s: pd.DataFrame, a: str, b: str, seeds) -> int:
 def paired_vs_baseline(s: pd.DataFrame, metrics=None) -> pd.DataFrame:
     """Paired differences of every non-baseline label vs its baseline counterpart (pairs by seed).
 
-    Columns: label, vs, metric, mean, lo, hi, n, mixed. Empty when the sweep names no baseline arm.
+    Columns: label, vs, metric, mean, lo, hi, n, mixed. Empty when the sweep names no baseline arm; a label with
+    no (or several) baseline counterparts gets rows with n = 0 and ``vs`` saying why.
     """
     base = baseline_arm(s)
     metrics = table_metrics(s) if metrics is None else list(metrics)
@@ -194,7 +195,10 @@ def paired_vs_baseline(s: pd.DataFrame, metrics=None) -> pd.DataFrame:
             if label_points(s)[label][0] == base:
                 continue
             cps = counterparts(s, label, base)
-            if len(cps) != 1:
+            if len(cps) != 1:  # shown as a row without numbers, never dropped silently
+                vs = f"{base} (no run)" if not cps else f"{base} ({len(cps)} candidates)"
+                rows += [{"label": label, "vs": vs, "metric": m, "mean": math.nan, "lo": math.nan, "hi": math.nan,
+                          "n": 0, "mixed": 0} for m in metrics]  # fmt: skip
                 continue
             for m in metrics:
                 r = compare(s, label, cps[0], m)

@@ -439,3 +439,24 @@ def test_summary_keeps_one_run_per_label_and_seed():
     current = runs.assign(legacy=False)
     rs = SimpleNamespace(members=members.assign(in_file=[True, False, True]), steps=steps, runs=current, notes=[])
     assert list(summarize(rs, with_eval=False)["run"]) == ["old-hard", "nsr"]
+
+
+def test_paired_table_keeps_a_label_without_baseline_runs():
+    s = pd.DataFrame(
+        [
+            {
+                "sweep": "s",
+                "run": f"{a}{i}",
+                "label": a,
+                "arm": a,
+                "seed": i,
+                "point": {},
+                "baseline": "hard",
+                "pass@1": 0.4 + 0.01 * i,
+            }  # fmt: skip
+            for a in ("nsr", "soft")
+            for i in range(3)
+        ]
+    )
+    d = tables.paired_vs_baseline(s, ["pass@1"])
+    assert list(d["label"]) == ["nsr", "soft"] and set(d["vs"]) == {"hard (no run)"} and (d["n"] == 0).all()
