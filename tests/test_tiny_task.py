@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from experiments.tiny.model import response_mask
-from experiments.tiny.task import EOS, TASKS, countdown4_value, countdown_value, decode, encode, get_task
+from experiments.tiny.task import EOS, TASKS, countdown_value, decode, encode, get_task
 
 
 def _pid(task, prompt: str) -> int:
@@ -113,8 +113,8 @@ def test_registry_lists_tasks():
     "expr, value",
     [("1+2*3-4", 3), ("2*3*4+1", 25), ("9-8-7+6", 0), ("1-2*3*4", -23), ("9*9*9*9", 6561), ("5+5+5+5", 20)],
 )
-def test_countdown4_value_hand_cases(expr, value):
-    assert countdown4_value(expr) == value
+def test_countdown_value_hand_cases(expr, value):
+    assert countdown_value(expr) == value
 
 
 def test_countdown4_problems_and_verifier():
@@ -129,4 +129,4 @@ def test_countdown4_problems_and_verifier():
     assert all(task.is_correct(pid, a) for a in task.solutions(pid)) and "4*3*2+1" in task.solutions(pid)
     assert task.answer("4*3*2+2") == 26 and task.answer("12") is None
     for d, v, answers in task.problems[::997]:  # every listed answer uses the digits and hits the target
-        assert all(sorted(map(int, a[::2])) == list(d) and countdown4_value(a) == v for a in answers)
+        assert all(sorted(map(int, a[::2])) == list(d) and countdown_value(a) == v for a in answers)

@@ -122,67 +122,8 @@ _OPS = "+-*"
 
 
 def countdown_value(expr: str) -> int:
-    """Value of ``d op d op d`` (single digits, ops + - *) with the usual precedence."""
-    a, o1, b, o2, c = int(expr[0]), expr[1], int(expr[2]), expr[3], int(expr[4])
-    if o2 == "*" and o1 != "*":  # a o1 (b * c)
-        bc = b * c
-        return a + bc if o1 == "+" else a - bc
-    ab = a * b if o1 == "*" else a + b if o1 == "+" else a - b  # (a o1 b) o2 c
-    return ab * c if o2 == "*" else ab + c if o2 == "+" else ab - c
-
-
-def _well_formed(text: str) -> bool:
-    return len(text) == 5 and all(text[i] in "123456789" for i in (0, 2, 4)) and text[1] in _OPS and text[3] in _OPS
-
-
-@functools.cache
-def _countdown_problems() -> tuple[tuple[tuple[int, int, int], int, tuple[str, ...]], ...]:
-    """Every (sorted digits, target, answers) with digits 1-9 and a target in 0-999, sorted."""
-    found: dict[tuple[tuple[int, int, int], int], list[str]] = {}
-    for digits in itertools.combinations_with_replacement(range(1, 10), 3):
-        for perm in sorted(set(itertools.permutations(digits))):
-            for o1, o2 in itertools.product(_OPS, repeat=2):
-                expr = f"{perm[0]}{o1}{perm[1]}{o2}{perm[2]}"
-                v = countdown_value(expr)
-                if 0 <= v <= 999:
-                    found.setdefault((digits, v), []).append(expr)
-    return tuple((d, v, tuple(exprs)) for (d, v), exprs in sorted(found.items()))
-
-
-class Countdown3(Task):
-    name = "countdown3"
-    prompt_len = 8
-    answer_len = 6
-    n_eval = 512
-    """36% of the 1418 problems, so the default eval set (512 prompts) is all of the held-out split."""
-
-    def __init__(self):
-        self.problems = _countdown_problems()
-        self.n_problems = len(self.problems)
-        super().__init__()
-
-    def prompt_text(self, pid: int) -> str:
-        digits, target, _ = self.problems[pid]
-        return "".join(map(str, digits)) + f":{target:03d}="
-
-    def solutions(self, pid: int) -> list[str]:
-        return list(self.problems[pid][2])
-
-    def is_correct(self, pid: int, text: str | None) -> bool:
-        if text is None or not _well_formed(text):
-            return False
-        digits, target, _ = self.problems[pid]
-        return tuple(sorted(int(text[i]) for i in (0, 2, 4))) == digits and countdown_value(text) == target
-
-    def answer(self, text: str | None) -> int | None:
-        """The expression's value (whatever digits it uses), None if it is not ``d op d op d``."""
-        return countdown_value(text) if text is not None and _well_formed(text) else None
-
-
-# -------------------------------------------------------------------- Countdown-4
-def countdown4_value(expr: str) -> int:
-    """Value of ``d op d op d op d`` (single digits, ops + - *) with the usual precedence: products first, then
-    sums and differences from left to right."""
+    """Value of ``d op d ... op d`` (single digits, ops + - *) with the usual precedence: products first, then sums
+    and differences from left to right."""
     terms, signs = [int(expr[0])], [1]
     for op, d in zip(expr[1::2], map(int, expr[2::2])):
         if op == "*":
@@ -193,38 +134,34 @@ def countdown4_value(expr: str) -> int:
     return sum(s * t for s, t in zip(signs, terms))
 
 
-def _well_formed4(text: str) -> bool:
-    return (
-        len(text) == 7 and all(text[i] in "123456789" for i in (0, 2, 4, 6)) and all(text[i] in _OPS for i in (1, 3, 5))
-    )
+def _well_formed(text: str, n_digits: int) -> bool:
+    digits, ops = text[::2], text[1::2]
+    return len(text) == 2 * n_digits - 1 and all(c in "123456789" for c in digits) and all(c in _OPS for c in ops)
 
 
 @functools.cache
-def _countdown4_problems() -> tuple[tuple[tuple[int, int, int, int], int, tuple[str, ...]], ...]:
-    """Every (sorted digits, target, answers) with four digits 1-9 and a target in 0-999, sorted."""
+def _countdown_problems(n_digits: int) -> tuple[tuple[tuple[int, ...], int, tuple[str, ...]], ...]:
+    """Every (sorted digits, target, answers) with ``n_digits`` digits 1-9 and a target in 0-999, sorted."""
     found: dict[tuple[tuple[int, ...], int], list[str]] = {}
-    for digits in itertools.combinations_with_replacement(range(1, 10), 4):
+    for digits in itertools.combinations_with_replacement(range(1, 10), n_digits):
         for perm in sorted(set(itertools.permutations(digits))):
-            for ops in itertools.product(_OPS, repeat=3):
-                expr = f"{perm[0]}{ops[0]}{perm[1]}{ops[1]}{perm[2]}{ops[2]}{perm[3]}"
-                v = countdown4_value(expr)
+            for ops in itertools.product(_OPS, repeat=n_digits - 1):
+                expr = str(perm[0]) + "".join(o + str(d) for o, d in zip(ops, perm[1:]))
+                v = countdown_value(expr)
                 if 0 <= v <= 999:
                     found.setdefault((digits, v), []).append(expr)
     return tuple((d, v, tuple(exprs)) for (d, v), exprs in sorted(found.items()))
 
 
-class Countdown4(Task):
-    """Countdown with four digits: prompt ``abcd:ttt=``, answer ``a op b op c op d`` then EOS (8 tokens, so
-    ``rollout.max_new_tokens`` >= 8). A harder task with longer answers than countdown3 (a stage-A candidate of
-    docs/evidence.md; its warm start is not tuned yet)."""
+class Countdown(Task):
+    """Countdown with ``n_digits`` digits: prompt ``digits:ttt=``, answer the digits in any order joined by
+    ``+ - *`` (usual precedence) equal to the target, then EOS."""
 
-    name = "countdown4"
-    prompt_len = 9
-    answer_len = 8
+    n_digits: int
     n_eval = 512
 
     def __init__(self):
-        self.problems = _countdown4_problems()
+        self.problems = _countdown_problems(self.n_digits)
         self.n_problems = len(self.problems)
         super().__init__()
 
@@ -236,14 +173,32 @@ class Countdown4(Task):
         return list(self.problems[pid][2])
 
     def is_correct(self, pid: int, text: str | None) -> bool:
-        if text is None or not _well_formed4(text):
+        if text is None or not _well_formed(text, self.n_digits):
             return False
         digits, target, _ = self.problems[pid]
-        return tuple(sorted(int(text[i]) for i in (0, 2, 4, 6))) == digits and countdown4_value(text) == target
+        return tuple(sorted(map(int, text[::2]))) == digits and countdown_value(text) == target
 
     def answer(self, text: str | None) -> int | None:
-        """The expression's value (whatever digits it uses), None if it is not ``d op d op d op d``."""
-        return countdown4_value(text) if text is not None and _well_formed4(text) else None
+        """The expression's value (whatever digits it uses), None if it is not ``n_digits`` digits and ops."""
+        return countdown_value(text) if text is not None and _well_formed(text, self.n_digits) else None
+
+
+class Countdown3(Countdown):
+    name = "countdown3"
+    n_digits = 3
+    prompt_len = 8
+    answer_len = 6
+    """1418 problems; 36% held out, so the default eval set (512 prompts) is all of the held-out split."""
+
+
+class Countdown4(Countdown):
+    """Four digits, 8-token answers (``rollout.max_new_tokens`` >= 8): a harder task with longer answers than
+    countdown3 (a stage-A candidate of docs/evidence.md; its warm start is not measured yet)."""
+
+    name = "countdown4"
+    n_digits = 4
+    prompt_len = 9
+    answer_len = 8
 
 
 # -------------------------------------------------------------------- 3-digit addition
