@@ -295,7 +295,7 @@ def candidate_readout(runs: list[RunStats], regime: dict, name: str, expected: i
 
 def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, sweep: str | None = None) -> dict:
     """Stage A over a folder of run folders: per-candidate readouts, the chosen regime and stage B's size."""
-    from experiments.rundir import RunDir, RunFolderError
+    from experiments.rundir import RunDir, runs_by_hash
 
     regime = load_regime(regime_path)
     root = Path(root)
@@ -311,18 +311,12 @@ def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, swee
             hashes.add(spec.config.run_hash())
     # one folder per config: a config of the sweep as today's code hashes it (no legacy folder, no other config),
     # a done folder before an unfinished one, then by path (a copy never counts twice or stands in for a missing run)
-    by_hash: dict[str, Path] = {}
-    for p in sorted(root.glob("*/config.yaml")):
-        rd = RunDir(p.parent)
-        try:
-            h = rd.config_hash()
-        except RunFolderError:
-            continue
-        if hashes is not None and h not in hashes:
-            continue
-        if h not in by_hash or (rd.state() == "done" and RunDir(by_hash[h]).state() != "done"):
-            by_hash[h] = p.parent
-    runs = [read_run(path, tuple(regime["primary_metric"]["window"])) for path in sorted(by_hash.values())]
+    chosen = [
+        next((p for p in folders if RunDir(p).state() == "done"), folders[0])
+        for h, folders in runs_by_hash(root).items()
+        if hashes is None or h in hashes
+    ]
+    runs = [read_run(path, tuple(regime["primary_metric"]["window"])) for path in sorted(chosen)]
     cands = {}
     for name in regime["candidates"]:
         mine = [r for r in runs if r.regime == name]

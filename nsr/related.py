@@ -61,7 +61,7 @@ def _gppo(x: RuleInput, beta_low: float, beta_high: float) -> RuleOutput:
     r, A, cfg = x.ratio, x.adv, x.cfg
     low, high = theory.clip_sides(r.detach(), A, cfg)
     bound = torch.where(high, beta_high * cfg.high, beta_low * cfg.low)  # b, times beta on its side
-    lp = torch.where(x.valid, x.log_probs, 0.0)  # padding's log-probs may be garbage: keep them out of the grad
+    lp = x.log_probs  # padding masked to 0
     kept_gradient = -A * bound * torch.exp(lp - lp.detach())  # value -A b, d/d log pi = -A b at any ratio
     loss = torch.where(low | high, kept_gradient, -A * r)
     rescued = (low & (beta_low > 0)) | (high & (beta_high > 0))
@@ -221,7 +221,7 @@ def dppo_tv(x: RuleInput) -> RuleOutput:
     change = x.log_probs.detach().exp() - x.old_log_probs.exp()  # pi - q
     keep = torch.where(A > 0, change <= cfg.dppo_delta, change >= -cfg.dppo_delta)
     weight = x.ratio.detach().clamp(max=cfg.dppo_cap)
-    log_ratio = torch.where(x.valid, x.log_probs - x.old_log_probs, 0.0)  # unclamped: a gradient at any ratio
+    log_ratio = x.log_probs - x.old_log_probs  # unclamped (padding 0): a gradient at any ratio
     loss = torch.where(keep, -A * weight * log_ratio, 0.0)
     dropped = ~keep & (A != 0)
     return RuleOutput(loss, dropped & (A < 0), dropped & (A > 0))
