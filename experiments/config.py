@@ -177,7 +177,8 @@ class TrainConfig:
     allow_on_policy: bool = False
     """epochs x minibatches == 1 makes every ratio 1, so every clip rule equals the baseline; refused unless True."""
     dgg: bool = False
-    """tiny: Dynamic Gradient Gating (arXiv 2605.19425, experiments/tiny/dgg.py): skip an update whose lm_head
+    """Dynamic Gradient Gating (arXiv 2605.19425; tiny: experiments/tiny/dgg.py, openrlhf: nsr/openrlhf/gate.py, as
+    --nsr.dgg): skip an update whose lm_head
     gradient norm exceeds dgg_k x the median of the previous dgg_window updates' norms (docs/method.md [choice]);
     the first update of each rollout is never gated."""
     dgg_k: float = 3.0
@@ -366,7 +367,9 @@ class RunConfig:
         else:  # options the tiny loop implements and the OpenRLHF launcher does not (docs/method.md)
             allowed = "verifier (label-free rewards are a tiny-backend option)"
             check_field("reward", "source", self.reward.source == "verifier", allowed, self.reward.source)
-            check_field("train", "dgg", not self.train.dgg, "false (DGG is a tiny-backend option)", self.train.dgg)
+            if self.backend == "trl":
+                allowed = "false (DGG is an option of the tiny and openrlhf backends)"
+                check_field("train", "dgg", not self.train.dgg, allowed, self.train.dgg)
 
     # ---------------------------------------------------------------- views
     def to_dict(self) -> dict[str, Any]:

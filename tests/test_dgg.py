@@ -66,16 +66,16 @@ def test_gate_state_round_trips_and_bad_settings_are_refused():
     other = GradientGate(k=2.0, window=3)
     other.load_state_dict(gate.state_dict())
     assert other.history == [5.0, 2.0, 3.0] and other.threshold() == gate.threshold() == 6.0
-    with pytest.raises(ValueError, match="train.dgg_k"):
+    with pytest.raises(ValueError, match="dgg_k"):
         GradientGate(k=1.0)
-    with pytest.raises(ValueError, match="train.dgg_window"):
+    with pytest.raises(ValueError, match="dgg_window"):
         GradientGate(window=0)
     with pytest.raises(ConfigError, match=r"train\.dgg_k=0\.5 is not valid"):
         load_config(SMOKE, ["train.dgg_k=0.5"])
     with pytest.raises(ConfigError, match=r"train\.dgg_window=0 is not valid"):
         load_config(SMOKE, ["train.dgg_window=0"])
-    with pytest.raises(ConfigError, match=r"train\.dgg=True is not valid; allowed: false"):
-        load_config(REPO_ROOT / "sweeps" / "presets" / "qwen2.5-math-7b-dapo.yaml", ["train.dgg=true"])
+    with pytest.raises(ConfigError, match=r"train\.dgg=True is not valid; allowed: false \(DGG is an option of the"):
+        load_config(REPO_ROOT / "sweeps" / "presets" / "trl-tiny.yaml", ["train.dgg=true"])
 
 
 def test_lm_head_norm_is_the_tied_embedding_gradient():
@@ -159,7 +159,8 @@ def test_resumed_dgg_run_matches_an_uninterrupted_one(tmp_path, monkeypatch):
     assert again == rows
 
 
-def test_dgg_sweep_expands_on_tiny_presets_only():
+def test_dgg_sweep_expands_on_tiny_and_cluster_presets_and_not_on_trl():
+    from experiments.openrlhf.argv import build_command
     from sweeps import SweepError, expand
 
     runs = expand("dgg")
@@ -168,5 +169,11 @@ def test_dgg_sweep_expands_on_tiny_presets_only():
         ("dgg", "hard"),
         ("nsr_dgg", "nsr"),
     }
+    cluster = {r.meta["arm"]: r.config for r in expand("dgg", preset="qwen2.5-math-7b-dapo")}
+    flags = build_command(cluster["nsr_dgg"], "/tmp/nsr-dgg-test", "x").nsr_argv
+    assert (
+        flags[flags.index("--nsr.dgg") + 1] == "True"
+        and "--nsr.dgg" not in build_command(cluster["nsr"], "/tmp/nsr-dgg-test", "x").nsr_argv
+    )
     with pytest.raises(SweepError, match=r"train\.dgg=True is not valid"):
-        expand("dgg", preset="qwen2.5-math-7b-dapo")
+        expand("dgg", preset="trl-tiny")

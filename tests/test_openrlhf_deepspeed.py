@@ -8,7 +8,9 @@ vLLM generation, three CUDA calls and Ray are replaced. Checked:
   ``nsr`` at delta 0 equals it too, and ``nsr`` at delta 0.5 does not (it rescues clipped tokens);
 * the metrics.jsonl row built from the real status dict has every field, each from the key it maps;
 * a resume restores the RL step (the loss's streams) and the weights;
-* two data-parallel ranks agree on every reduced metric and draw different z.
+* two data-parallel ranks agree on every reduced metric and draw different z;
+* ``--nsr.dgg`` gates a surging optimizer step under ZeRO-2 and ZeRO-3 (DeepSpeed skips it: weights, Adam state and
+  LR schedule untouched), both stages measure the same lm_head gradient norm, and the gate's window survives a resume.
 
 Cost: DeepSpeed builds its CPU shared-memory comm op once (cached in TORCH_EXTENSIONS_DIR); the optimizer is
 DeepSpeed's torch_adam AdamW, so no FusedAdam op is built. Each scenario then takes 20-40 s on 2 idle cores.
@@ -121,3 +123,47 @@ def test_two_zero3_ranks_agree_and_nsr_rescues(model, tmp_path):
     assert a["nsr_rescue_frac"] > 0  # clipped tokens got a gradient: the rule is in the step
     assert all(o["probe"]["grad_diff"] > 0 for o in outs)  # so it is not PolicyLoss
     assert outs[0]["weights_after"] == outs[1]["weights_after"]  # one model after the step
+
+
+# ---------------------------------------------------------------- Dynamic Gradient Gating on the DeepSpeed engine
+@pytest.fixture(scope="module")
+def dgg_runs(model, tmp_path_factory):
+    """--nsr.dgg on two ranks under ZeRO-2 (saved) and ZeRO-3; the loss of optimizer step 2 (of 4) is multiplied
+    by 100, a gradient surge."""
+    out = {}
+    for zero in (2, 3):
+        ckpt = tmp_path_factory.mktemp(f"dgg-zero{zero}") / "ckpt"
+        flags = ["--rule", "hard", "--zero", str(zero), "--dgg", "--surge-update", "2"]
+        out[zero] = (run_step(model, ckpt, *flags, *(["--save"] if zero == 2 else []), world=2), ckpt)
+    return out
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_dgg_gates_the_surge_and_deepspeed_skips_that_step(dgg_runs, zero):
+    outs, _ = dgg_runs[zero]
+    a, b = (o["dgg"] for o in outs)
+    assert a["norms"] == b["norms"] and a["gated"] == b["gated"]  # one decision on every rank
+    assert a["gated"] == [False, False, True, False]  # only the surge
+    norms = a["norms"]
+    assert norms[2] > 3 * max(norms[:2]) and all(0 < v < 10 for i, v in enumerate(norms) if i != 2)
+    assert a["skipped_steps"] == 1
+    for i, u in enumerate(a["updates"]):
+        if a["gated"][i]:  # no update: weights, Adam's step count and the LR schedule as before
+            assert not u["applied"] and not u["weights_changed"]
+            assert u["adam_steps"][1] == u["adam_steps"][0] and u["lr"][1] == u["lr"][0]
+        else:
+            assert u["applied"] and u["adam_steps"][1] == u["adam_steps"][0] + 1 and u["lr"][1] != u["lr"][0]
+            assert u["weights_changed"] == (u["lr"][0] > 0)  # the warm-up's first step has lr 0
+    row = outs[0]["row"]  # the metrics.jsonl row the controller writes
+    assert row["dgg_gated"] == 1.0 and row["lm_head_grad_norm"] == pytest.approx(sum(norms) / 4)
+    assert outs[0]["weights_after"] == outs[1]["weights_after"]
+
+
+def test_dgg_norm_agrees_across_zero_stages_and_its_window_survives_a_resume(model, dgg_runs):
+    """ZeRO-2 assembles the lm_head gradient from the optimizer's partitions (all-reduce), ZeRO-3 from the fp32
+    partitions (all-gather): two code paths, one gradient."""
+    z2, z3 = (dgg_runs[z][0][0]["dgg"]["norms"] for z in (2, 3))
+    assert z2 == pytest.approx(z3, rel=1e-3)
+    outs, ckpt = dgg_runs[2]
+    resumed = run_step(model, ckpt, "--rule", "hard", "--zero", "2", "--dgg", "--resume", world=2)
+    assert all(r["dgg_history_at_start"] == outs[0]["dgg"]["history"] for r in resumed)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.config import load_config
+from experiments.config import ConfigError, load_config
 from experiments.openrlhf.argv import build_command
 from experiments.tiny import rng
 from nsr import AdvantageConfig, LossConfig, seeds
@@ -53,7 +53,20 @@ REFUSED = [
         ["--algo.advantage.estimator", "group_norm"],
         "needs --algo.advantage.estimator dr_grpo",
     ),
+    (("train.dgg=true",), ["--ds.zero_stage", "0"], r"--nsr.dgg with --ds.zero_stage=0.*allowed: --ds.zero_stage 1"),
+    (("train.dgg=true",), ["--ds.param_dtype", "fp16"], r"--nsr.dgg with --ds.param_dtype=fp16.*allowed: .*bf16"),
 ]
+
+
+def test_dgg_flags_reach_the_settings_and_bad_ones_are_refused_before_ray():
+    settings, _ = launch.prepare(_argv("train.dgg=true", "train.dgg_k=2.5", "train.dgg_window=7"))
+    assert (settings.dgg, settings.dgg_k, settings.dgg_window) == (True, 2.5, 7)
+    assert launch.prepare(_argv())[0].dgg is False
+    with pytest.raises(launch.LaunchError, match=r"--nsr.dgg_k=1.0 is not valid; allowed: a finite number > 1"):
+        launch.prepare(_argv("train.dgg=true", extra=["--nsr.dgg_k", "1.0"]))
+    cfg = load_config(PRESET, ["train.dgg=true", "openrlhf.bf16=false"])
+    with pytest.raises(ConfigError, match=r"openrlhf.bf16=false with train.dgg=true.*allowed: true"):
+        build_command(cfg, "/tmp/nsr-launch-test", "x")
 
 
 @pytest.mark.parametrize("overrides,extra,match", REFUSED)
@@ -100,7 +113,8 @@ def test_every_config_field_is_a_flag_except_those_openrlhf_sets():
     parser_flags = {s for a in parser._actions for s in a.option_strings if s.startswith("--nsr.")}
     loss = {f"--nsr.{f.name}" for f in dataclasses.fields(LossConfig) if f.name not in mapping.FROM_OPENRLHF}
     adv = {f"--nsr.adv_{f.name}" for f in dataclasses.fields(AdvantageConfig)}
-    assert parser_flags == loss | adv | {"--nsr.metrics_path", "--nsr.max_steps"}
+    own = {"--nsr.metrics_path", "--nsr.max_steps", "--nsr.dgg", "--nsr.dgg_k", "--nsr.dgg_window"}
+    assert parser_flags == loss | adv | own
 
 
 def test_flag_types_come_from_the_field_types():

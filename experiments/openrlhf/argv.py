@@ -110,6 +110,16 @@ def check(cfg: RunConfig) -> None:
         )
     if o.zero_stage not in (0, 1, 2, 3):
         _fail(f"openrlhf.zero_stage={o.zero_stage} is not valid; allowed: 0, 1, 2, 3")
+    if t.dgg and o.zero_stage == 0:
+        _fail(
+            "openrlhf.zero_stage=0 with train.dgg=true: DGG skips a step through the ZeRO optimizer "
+            "(nsr/openrlhf/gate.py); allowed: 1, 2, 3"
+        )
+    if t.dgg and not o.bf16:
+        _fail(
+            "openrlhf.bf16=false with train.dgg=true: a skipped step would also halve DeepSpeed's fp16 loss "
+            "scale; allowed: true"
+        )
     if not 0 < o.vllm_gpu_memory_utilization <= 1:
         _fail(f"openrlhf.vllm_gpu_memory_utilization={o.vllm_gpu_memory_utilization} is not valid; allowed: (0, 1]")
     if o.overlong_buffer_len < 0 or o.overlong_buffer_len >= r.max_new_tokens:
@@ -237,8 +247,13 @@ def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str
 
 
 def nsr_settings(cfg: RunConfig, run_dir: Path) -> NSRSettings:
+    t = cfg.train
     return NSRSettings.from_configs(
-        cfg.loss, cfg.advantages, metrics_path=str(run_dir / "metrics.jsonl"), max_steps=cfg.train.steps
+        cfg.loss,
+        cfg.advantages,
+        metrics_path=str(run_dir / "metrics.jsonl"),
+        max_steps=t.steps,
+        **({"dgg": True, "dgg_k": t.dgg_k, "dgg_window": t.dgg_window} if t.dgg else {}),
     )
 
 

@@ -55,6 +55,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "dynamic_filtering_pass_rate": ("dynamic_filtering_pass_rate",),
     "generation_s": ("timing/generation",),
     "train_s": ("timing/ppo_train",),
+    "dgg_gated": ("nsr_dgg_gated",),  # --nsr.dgg: gated optimizer steps of the RL step (as the tiny loop logs)
+    "lm_head_grad_norm": ("nsr_lm_head_grad_norm",),  # --nsr.dgg: their mean lm_head gradient norm
 }
 
 METRIC_KEYS = ("step", *REQUIRED)

@@ -3,7 +3,10 @@
 * ``NSRPolicyModelActor`` (policy DeepSpeed ranks): after OpenRLHF builds its ``ActorPPOTrainer``, replaces
   ``actor_loss_fn`` by :class:`~nsr.openrlhf.loss.NSRPolicyLoss` (same kwargs as ppo_actor.py:76-86, plus the run's
   ``args.nsr``), wraps the trainer's ``training_step`` so the loss writes its metrics into the micro-batch's
-  ``experience.info`` (logged as ``train/nsr_*``), and tells the loss the RL step before each ``fit``.
+  ``experience.info`` (logged as ``train/nsr_*``), and tells the loss the RL step before each ``fit``. With
+  ``--nsr.dgg`` it also gates the engine's optimizer steps (nsr/openrlhf/gate.py) and adds the RL step's
+  ``nsr_dgg_gated`` / ``nsr_lm_head_grad_norm`` to the status ``fit`` returns; the gate's window rides in the
+  checkpoint's client state.
 * ``NSRPPOTrainer`` (the single controller): wraps ``compute_advantages_and_returns`` with the advantage
   interventions (nsr/openrlhf/interventions.py), appends one metrics.jsonl row per RL step
   (experiments/openrlhf/metrics.py) before OpenRLHF logs and checkpoints that step, and stops the run after
@@ -26,6 +29,8 @@ import torch.distributed as dist
 from openrlhf.trainer import ppo_trainer
 from openrlhf.trainer.ray import ppo_actor
 
+from nsr.gating import GradientGate
+from nsr.openrlhf.gate import EngineGate
 from nsr.openrlhf.interventions import wrap_compute_advantages
 from nsr.openrlhf.loss import NSRPolicyLoss
 
@@ -79,15 +84,32 @@ class NSRPolicyModelActor(BasePolicyModelActor):
                 loss.sink = None
 
         trainer.training_step = training_step
+        states = checkpoint_states or {}
         # RL steps already done (resume): the streams continue where an uninterrupted run would be
-        self._nsr_rl_step = int((checkpoint_states or {}).get("global_step", 0))
+        self._nsr_rl_step = int(states.get("global_step", 0))
         self._nsr_trainer = trainer
+        self._nsr_gate = None
+        if args.nsr.dgg:
+            gate = GradientGate(args.nsr.dgg_k, args.nsr.dgg_window)
+            if "nsr_dgg" in states:
+                gate.load_state_dict(states["nsr_dgg"])
+            self._nsr_gate = EngineGate(trainer.actor.model, gate)
         return {"loss": type(loss).__name__, "rule": loss.cfg.rule, "level": loss.cfg.level, "rank": loss.rank}
 
     def fit(self, kl_ctl: float = 0):
         self._nsr_rl_step += 1
         self._nsr_trainer.actor_loss_fn.start_step(self._nsr_rl_step)
-        return super().fit(kl_ctl)
+        if self._nsr_gate is None:
+            return super().fit(kl_ctl)
+        self._nsr_gate.start_rollout()
+        status = super().fit(kl_ctl)
+        status.update(self._nsr_gate.metrics())
+        return status
+
+    def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
+        if self._nsr_gate is not None:
+            client_states = {**(client_states or {}), "nsr_dgg": self._nsr_gate.gate.state_dict()}
+        return super().save_checkpoint(tag, client_states, metric_value, metric_key)
 
 
 def cap_steps(generate_samples, steps_done, max_steps: int):

@@ -72,6 +72,16 @@ def check_args(args, settings: NSRSettings) -> None:
         settings.loss_config(lo, hi, args.actor.dual_clip, mapping.level_of(args.actor.policy_loss_type))
     except ValueError as e:
         raise LaunchError(str(e)) from None
+    if settings.dgg and args.ds.zero_stage not in (1, 2, 3):
+        raise LaunchError(
+            f"--nsr.dgg with --ds.zero_stage={args.ds.zero_stage}: DGG skips a step through the ZeRO optimizer's "
+            "overflow path (nsr/openrlhf/gate.py); allowed: --ds.zero_stage 1, 2 or 3"
+        )
+    if settings.dgg and args.ds.param_dtype != "bf16":
+        raise LaunchError(
+            f"--nsr.dgg with --ds.param_dtype={args.ds.param_dtype}: a skipped step would also halve DeepSpeed's fp16 "
+            "loss scale; allowed: --ds.param_dtype bf16"
+        )
     if args.ckpt.load_enable and args.ckpt.max_num < 2:
         raise LaunchError(
             f"--ckpt.max_num={args.ckpt.max_num} with --ckpt.load_enable: OpenRLHF deletes the old checkpoint "

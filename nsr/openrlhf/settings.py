@@ -5,7 +5,8 @@ The flags are generated from the fields of ``nsr.LossConfig`` (``--nsr.<field>``
 ``None``, a ``Literal`` gives the choices), so a new config field becomes a flag without a second declaration.
 The clip region, dual clip and level have no flag: they come from OpenRLHF's own flags (``--actor.eps_clip_low_high``,
 ``--actor.dual_clip``, ``--actor.policy_loss_type``; nsr/openrlhf/mapping.py), so one value drives both OpenRLHF and
-the rule. Two flags belong to the layer itself: ``--nsr.metrics_path`` and ``--nsr.max_steps``.
+the rule. The other flags belong to the layer itself: ``--nsr.metrics_path``, ``--nsr.max_steps`` and Dynamic Gradient
+Gating's ``--nsr.dgg``, ``--nsr.dgg_k``, ``--nsr.dgg_window`` (nsr/openrlhf/gate.py).
 
 The launcher parses the flags, stores the object in ``args.nsr`` and it rides inside the pickled strategy to every
 Ray actor. Nothing here imports openrlhf, so the argv builder and a dry run work on a machine without it.
@@ -20,6 +21,7 @@ import typing
 from dataclasses import dataclass, field
 
 from nsr.config import AdvantageConfig, LossConfig
+from nsr.gating import GradientGate
 from nsr.openrlhf.mapping import FROM_OPENRLHF
 
 PREFIX = "--nsr."
@@ -80,6 +82,12 @@ class NSRSettings:
     """metrics.jsonl the controller appends one row per RL step to ('' = do not write one)."""
     max_steps: int = 0
     """Stop after this many RL steps (train.steps), whatever data is left (0 = when OpenRLHF's data ends)."""
+    dgg: bool = False
+    """Dynamic Gradient Gating of the actor's optimizer steps (nsr/openrlhf/gate.py; train.dgg)."""
+    dgg_k: float = 3.0
+    """DGG: gate a step whose lm_head gradient norm exceeds dgg_k x the running median (train.dgg_k)."""
+    dgg_window: int = 20
+    """DGG: the running median is over the previous dgg_window optimizer steps (train.dgg_window)."""
 
     def __post_init__(self):
         unknown = sorted(set(self.loss) - {f.name for f in LOSS_FIELDS})
@@ -87,6 +95,12 @@ class NSRSettings:
             raise ValueError(f"NSRSettings.loss has {unknown}; allowed: {', '.join(f.name for f in LOSS_FIELDS)}")
         if not isinstance(self.max_steps, int) or self.max_steps < 0:
             raise ValueError(f"--nsr.max_steps={self.max_steps!r} is not valid; allowed: an integer >= 0")
+        if not isinstance(self.dgg, bool):
+            raise ValueError(f"--nsr.dgg={self.dgg!r} is not valid; allowed: true, false")
+        try:
+            GradientGate(self.dgg_k, self.dgg_window)
+        except ValueError as e:
+            raise ValueError(f"--nsr.{e}") from None
         self.loss_config()  # validate now (driver side), with nsr's own messages
 
     # ------------------------------------------------------------ constructors
