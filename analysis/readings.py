@@ -1,5 +1,6 @@
 """Numbers the README quotes about the committed grid that are not a claim: run counts, the distinct clipped tokens
-behind the theory figure, the judge/executor collapse check, spikes, and the paired spread of final vs late pass@1.
+behind the theory figure, the judge/executor collapse check, spikes, the paired spread of final vs late pass@1, and
+the "what a tiny run shows" table (one seed of hard and of nsr at delta 0.2, :func:`one_run_table`).
 
     python -m analysis.readings [--runs results/runs]
 """
@@ -12,7 +13,73 @@ import warnings
 import numpy as np
 
 from analysis.load import RUNS_ROOT, RunWarning, load_runs
+from analysis.stats import pass_at_k
 from analysis.summary import summarize
+
+SHOWCASE = ("delta", 0, ("hard", "nsr delta=0.2"))
+"""(sweep, seed, labels) of the README's one-run table."""
+
+
+def one_run_row(rs, run: str) -> dict:
+    """One included run: sampled pass@1 and pass@8 at the first and the last eval (mean over problems), and the
+    means of entropy, clipped tokens (clip_frac_low + clip_frac_high) and rescued tokens (rescue_frac) over the first and the last fifth
+    of the RL steps."""
+    counts = rs.eval_counts()
+    ev = counts[(counts["run"] == run) & (counts["decoding"] == "sampled")]
+    first, last = ev["step"].min(), ev["step"].max()
+    out = {}
+    for name, step in (("first", first), ("last", last)):
+        g = ev[ev["step"] == step]
+        out[f"pass@1 {name}"] = float(np.mean(pass_at_k(g["n"], g["c"], 1)))
+        out[f"pass@8 {name}"] = float(np.mean(pass_at_k(g["n"], g["c"], 8)))
+    st = rs.steps[rs.steps["run"] == run].sort_values("step")
+    fifth = max(1, len(st) // 5)
+    series = {
+        "entropy": st["entropy"],
+        "clip_frac": st["clip_frac_low"] + st["clip_frac_high"],  # clipped tokens, both sides
+        "rescue_frac": st["rescue_frac"],
+    }
+    for key, v in series.items():
+        out[f"{key} first"] = float(v.head(fifth).mean())
+        out[f"{key} last"] = float(v.tail(fifth).mean())
+    out["steps"] = (
+        int(st["step"].iloc[0]),
+        int(st["step"].iloc[fifth - 1]),
+        int(st["step"].iloc[-fifth]),
+        int(st["step"].iloc[-1]),
+    )
+    out["evals"] = (int(first), int(last))
+    return out
+
+
+def one_run_table(rs, sweep: str, seed: int, labels) -> str:
+    """The README's markdown table of :func:`one_run_row` for one seed of each label of ``sweep``."""
+    m = rs.members
+    lines = [
+        "| arm | run | sampled pass@1, first -> last eval | pass@8 | entropy, first -> last fifth of steps | "
+        "clipped tokens | rescued tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label in labels:
+        rec = m[(m["sweep"] == sweep) & (m["label"] == label) & (m["seed"] == seed)]
+        if rec.empty:
+            lines.append(f"| {label} | (no run) | | | | | |")
+            continue
+        r = one_run_row(rs, rec["run"].iloc[0])
+        lines.append(
+            f"| {label} | `{rec['run'].iloc[0]}` | {r['pass@1 first']:.2f} -> {r['pass@1 last']:.2f} | "
+            f"{r['pass@8 first']:.2f} -> {r['pass@8 last']:.2f} | "
+            f"{r['entropy first']:.2f} -> {r['entropy last']:.2f} | "
+            f"{r['clip_frac first']:.1%} -> {r['clip_frac last']:.1%} | "
+            f"{r['rescue_frac first']:.2%} -> {r['rescue_frac last']:.2%} |"
+        )
+    steps = r["steps"] if not rec.empty else None
+    if steps:
+        lines.append(
+            f"\n(evals at steps {r['evals'][0]} and {r['evals'][1]}; step windows {steps[0]}-{steps[1]} and "
+            f"{steps[2]}-{steps[3]})"
+        )
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -53,6 +120,8 @@ def main(argv=None) -> int:
         )
     h = s[(s["sweep"] == "delta") & (s["arm"] == "hard")].set_index("seed")["pass@1"]
     print("hard pass@1 by seed (delta):", ", ".join(f"s{k}: {v:.3f}" for k, v in h.items()))
+    print()
+    print(one_run_table(rs, *SHOWCASE))
     return 0
 
 

@@ -460,3 +460,34 @@ def test_paired_table_keeps_a_label_without_baseline_runs():
     )
     d = tables.paired_vs_baseline(s, ["pass@1"])
     assert list(d["label"]) == ["nsr", "soft"] and set(d["vs"]) == {"hard (no run)"} and (d["n"] == 0).all()
+
+
+def test_one_run_readout_recomputes_from_the_files(tmp_path):
+    """analysis.readings' one-run table (the README's "What a tiny run shows"): pass@1 / pass@8 from the sampled
+    eval rows of the first and last eval, window means of metrics.jsonl, recomputed here from the raw files."""
+    from analysis.readings import one_run_row, one_run_table
+    from analysis.synth import ArmSpec, write_sweep
+
+    (run_id,) = write_sweep(tmp_path, "delta", {"hard": ArmSpec()}, seeds=[0], steps=50, every=10, n_prompts=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunWarning)
+        rs = load_runs(tmp_path)
+    got = one_run_row(rs, f"delta/{run_id}")
+    folder = tmp_path / "delta" / run_id
+    rows = [json.loads(line) for line in gzip.open(folder / "eval.jsonl.gz", "rt")]
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    for name, step in (("first", 0), ("last", 50)):
+        per_problem = {}
+        for r in rows:
+            if r["step"] == step and r["decoding"] == "sampled":
+                per_problem.setdefault(r["problem_id"], []).append(r["correct"])
+        assert got[f"pass@1 {name}"] == pytest.approx(np.mean([np.mean(v) for v in per_problem.values()]))
+        assert got[f"pass@8 {name}"] == pytest.approx(
+            np.mean([brute_pass_at_k(8, sum(v), 8) for v in per_problem.values()])
+        )
+    assert got["entropy first"] == pytest.approx(np.mean([m["entropy"] for m in metrics[:10]]))
+    clipped = [m["clip_frac_low"] + m["clip_frac_high"] for m in metrics[-10:]]
+    assert got["clip_frac last"] == pytest.approx(np.mean(clipped))
+    assert got["steps"] == (1, 10, 41, 50) and got["evals"] == (0, 50)
+    table = one_run_table(rs, "delta", 0, ["hard", "nsr delta=0.2"])
+    assert f"`delta/{run_id}`" in table and "| nsr delta=0.2 | (no run) |" in table
