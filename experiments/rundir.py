@@ -456,3 +456,11 @@ def runs_by_hash(root: str | Path = RUNS_ROOT, bad: list | None = None) -> dict[
             continue
         out.setdefault(h, []).append(rd.path)
     return out
+
+
+def folders_of(index: dict[str, list[Path]], run_hash: str, exclude: str | Path | None = None) -> list[Path]:
+    """The folders of ``index`` (from :func:`runs_by_hash`) that hold ``run_hash``, those of a done run first (else
+    by path), ``exclude`` left out: where a config has run, or runs, besides its own folder."""
+    ex = Path(exclude).resolve() if exclude is not None else None
+    paths = [p for p in index.get(run_hash, []) if ex is None or p.resolve() != ex]
+    return sorted(paths, key=lambda p: RunDir(p).state() != "done")

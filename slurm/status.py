@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from experiments.config import ConfigError
-from experiments.rundir import BAD, RUNS_ROOT, RunDir, RunFolderError, runs_by_hash
+from experiments.rundir import BAD, RUNS_ROOT, RunDir, RunFolderError, folders_of, runs_by_hash
 from slurm import queue
 from sweeps import expand
 
@@ -54,10 +54,9 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
         rd = RunDir(root / s.sweep / s.run_id)
         where = ""
         if not rd.path.exists():  # a config runs once: it may run, or have run, in another sweep's folder
-            others = index.get(s.config.run_hash(), [])
-            done = [p for p in others if RunDir(p).state() == "done"]
-            if done or others:
-                rd = RunDir((done or others)[0])
+            others = folders_of(index, s.config.run_hash())
+            if others:
+                rd = RunDir(others[0])
                 where = str(rd.path.relative_to(root)) if rd.path.is_relative_to(root) else str(rd.path)
         st = rd.status() or {}
         state = st.get("state") or ("submitted" if rd.job_record() else "-")

@@ -43,6 +43,7 @@ from experiments.rundir import (
     RunDir,
     RunFolderError,
     atomic_write_text,
+    folders_of,
     runs_by_hash,
 )
 from slurm import queue
@@ -132,10 +133,9 @@ class Decision:
 
 def _busy_elsewhere(spec: RunSpec, folder: Path, index: dict, live: dict[str, str] | None) -> str | None:
     """Why ``spec`` need not run: its config is done, or queued / running, in another folder (None if not)."""
-    others = [p for p in index.get(spec.config.run_hash(), []) if p.resolve() != folder.resolve()]
-    for p in others:
-        if RunDir(p).state() == "done":
-            return f"done in {p} (the same config)"
+    others = folders_of(index, spec.config.run_hash(), exclude=folder)
+    if others and RunDir(others[0]).state() == "done":
+        return f"done in {others[0]} (the same config)"
     for p in others:
         job = RunDir(p).job_id()
         if job and live is not None and job in live:

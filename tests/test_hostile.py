@@ -16,7 +16,15 @@ import pytest
 
 import experiments.run as run_cli
 from experiments.config import ConfigError, RunConfig, load_config, load_yaml
-from experiments.rundir import REPO_ROOT, RunDir, RunExistsError, RunLockedError, read_status, runs_by_hash
+from experiments.rundir import (
+    REPO_ROOT,
+    RunDir,
+    RunExistsError,
+    RunLockedError,
+    folders_of,
+    read_status,
+    runs_by_hash,
+)
 from slurm.status import rows as status_rows
 from slurm.submit import load_site, plan
 from slurm.submit import main as submit_main
@@ -284,6 +292,11 @@ def test_runs_by_hash_finds_copies_and_reports_unreadable_configs(tmp_path):
     index = runs_by_hash(tmp_path, bad)
     assert index == {cfg.run_hash(): sorted([a.path, copy])}
     assert [p.name for p, _ in bad] == ["broken"] and "not valid YAML" in bad[0][1]
+    # folders_of: the done folder first even when another sorts before it; the asking folder left out
+    status = json.loads((copy / "status.json").read_text())
+    (copy / "status.json").write_text(json.dumps({**status, "state": "failed"}))
+    assert folders_of(index, cfg.run_hash()) == [a.path, copy]
+    assert folders_of(index, cfg.run_hash(), exclude=a.path) == [copy] and folders_of(index, "f" * 8) == []
 
 
 def test_submitter_skips_a_config_done_or_queued_in_another_sweep(tmp_path):
