@@ -108,6 +108,18 @@ def expected_runs(rs: RunSet, sweeps_dir: Path | None = None, presets_dir: Path 
 STATE_COLUMNS = ("done", "incomplete", "running", "failed", "cancelled", "copy", "missing")
 
 
+LISTED = 12
+"""Run ids listed per (sweep, state) in status.md; the rest are counted (slurm.status lists them all)."""
+
+
+def _some(ids, sweep: str) -> str:
+    ids = list(ids)
+    if len(ids) <= LISTED:
+        return ", ".join(ids)
+    more = len(ids) - LISTED
+    return f"{', '.join(ids[:LISTED])} and {more} more (`python -m slurm.status {sweep} --preset P` lists every run)"
+
+
 def status_markdown(report: dict, issues, notes, not_tabled: dict | None = None) -> str:
     lines = [
         "### Run status per sweep\n",
@@ -124,7 +136,7 @@ def status_markdown(report: dict, issues, notes, not_tabled: dict | None = None)
     listed = [x for x in listed if not (x[1] == "missing" and set(report[x[0]]) == {"missing"})]  # never run
     if listed:
         lines += ["", "Runs not counted:", ""]
-        lines += [f"- {sweep} {st}: {', '.join(ids)}" for sweep, st, ids in listed]
+        lines += [f"- {sweep} {st}: {_some(ids, sweep)}" for sweep, st, ids in listed]
     if not_tabled:
         lines += ["", "Not tabled (analysis.demo draws its own figure from them):", ""]
         lines += [f"- {sweep}: {n} run(s)" for sweep, n in not_tabled.items()]

@@ -272,3 +272,13 @@ def test_screening_forest_lists_every_arm_once_with_the_table_interval(tmp_path)
         assert (got["mean"], got["lo"], got["hi"], got["n"]) == (want["mean"], want["lo"], want["hi"], 3)
     (png,) = figures.screening(summary, tmp_path / "screening")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_status_lists_a_few_ids_per_state_and_counts_the_rest():
+    from analysis.make_all import LISTED, status_markdown
+
+    ids = [f"nsr-s{i}-{i:08x}" for i in range(LISTED + 5)]
+    md = status_markdown({"confirm": {"done": ["hard-s0-00000000"], "missing": ids}}, [], [])
+    line = next(x for x in md.splitlines() if x.startswith("- confirm missing:"))
+    assert ids[LISTED - 1] in line and ids[LISTED] not in line and "and 5 more" in line
+    assert "| confirm | 1 |" in md and f"| {LISTED + 5} |" in md  # the table still counts every run
