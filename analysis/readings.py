@@ -22,8 +22,8 @@ SHOWCASE = ("delta", 0, ("hard", "nsr delta=0.2"))
 
 def one_run_row(rs, run: str) -> dict:
     """One included run: sampled pass@1 and pass@8 at the first and the last eval (mean over problems), and the
-    means of entropy, clipped tokens (clip_frac_low + clip_frac_high) and rescued tokens (rescue_frac) over the first and the last fifth
-    of the RL steps."""
+    means of entropy, clipped tokens (clip_frac_low + clip_frac_high) and rescued tokens (rescue_frac) over the
+    first and the last fifth of the RL steps."""
     counts = rs.eval_counts()
     ev = counts[(counts["run"] == run) & (counts["decoding"] == "sampled")]
     first, last = ev["step"].min(), ev["step"].max()
