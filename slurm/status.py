@@ -26,6 +26,7 @@ import json
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from experiments.config import ConfigError
@@ -80,6 +81,7 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
                 "wall_s": st["finished"] - st["started"]
                 if state == "done" and "finished" in st and "started" in st
                 else None,
+                "finished": st.get("finished") if state == "done" else None,
             }
         )
     jobs = [r["job"] for r in out if r["job"]]
@@ -149,8 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def progress(table: list[dict]) -> str:
-    """'progress: D/N done, R running, ETA ~M min (median run W s)' while runs are going; '' when none is."""
+RECENT = 10
+"""Finished runs whose pace gives the ETA."""
+
+
+def progress(table: list[dict], now: float | None = None) -> str:
+    """'progress: D/N done, R running, ETA ~M min (...)' while runs are going; '' when none is.
+
+    ETA: the runs left at the pace of the last RECENT runs that finished (finish times within as many median run
+    times of now, so runs of an earlier session do not count), which counts however many ran side by side; with
+    fewer than 3 such runs, rounds of the median run time at the number running now."""
     done = sum(r["state"] == "done" for r in table)
     running = sum(r["state"] == "running" for r in table)
     stuck = sum(r["state"] in ("failed", "bad") or r["state"].startswith(("not started", "stopped")) for r in table)
@@ -161,7 +171,14 @@ def progress(table: list[dict]) -> str:
     if walls:
         median = statistics.median(walls)
         left = len(table) - done - stuck  # failed / stopped runs wait for a resubmission: not in the ETA
-        text += f", ETA ~{math.ceil(left / running) * median / 60:.0f} min (median run {median:.0f} s)"
+        now = time.time() if now is None else now
+        ends = sorted(r["finished"] for r in table if r.get("finished") and now - r["finished"] < RECENT * median)
+        ends = ends[-RECENT:]
+        if len(ends) >= 3 and ends[-1] > ends[0]:
+            pace = (ends[-1] - ends[0]) / (len(ends) - 1)  # seconds per finished run, lately
+            text += f", ETA ~{left * pace / 60:.0f} min (one run finished every {pace:.0f} s lately)"
+        else:
+            text += f", ETA ~{math.ceil(left / running) * median / 60:.0f} min (median run {median:.0f} s)"
     return text
 
 

@@ -315,3 +315,11 @@ def test_status_progress_line_and_eta():
     # 3 runs left at 2 running: 2 rounds of the median 120 s
     assert progress(table) == "progress: 3/6 done, 2 running, ETA ~4 min (median run 120 s)"
     assert progress([row("running"), row("-")]) == "progress: 0/2 done, 1 running"  # no finished run: no ETA
+    # with recent finish times the pace of the last finishes counts, not the number running at this moment
+    paced = [{"state": "done", "wall_s": 120.0, "finished": 1000.0 + 60 * i} for i in range(4)]
+    paced += [row("running")] + [row("-")] * 5  # 6 left, one finished every 60 s -> 6 min, though 1 runs now
+    assert (
+        progress(paced, now=1200.0) == "progress: 4/10 done, 1 running, ETA ~6 min (one run finished every 60 s lately)"
+    )
+    # finishes long ago (an earlier session) do not set the pace
+    assert progress(paced, now=100000.0).endswith("ETA ~12 min (median run 120 s)")
