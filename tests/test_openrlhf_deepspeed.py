@@ -146,6 +146,8 @@ def test_dgg_gates_the_surge_and_deepspeed_skips_that_step(dgg_runs, zero):
     assert a["gated"] == [False, False, True, False]  # only the surge
     norms = a["norms"]
     assert norms[2] > 3 * max(norms[:2]) and all(0 < v < 10 for i, v in enumerate(norms) if i != 2)
+    # the gate's norm, summed from each rank's ZeRO fragment, is the norm of DeepSpeed's assembled gradient
+    assert norms == pytest.approx([u["full_norm"] for u in a["updates"]], rel=1e-5)
     assert a["skipped_steps"] == 1
     for i, u in enumerate(a["updates"]):
         if a["gated"][i]:  # no update: weights, Adam's step count and the LR schedule as before

@@ -55,6 +55,16 @@ REFUSED = [
     ),
     (("train.dgg=true",), ["--ds.zero_stage", "0"], r"--nsr.dgg with --ds.zero_stage=0.*allowed: --ds.zero_stage 1"),
     (("train.dgg=true",), ["--ds.param_dtype", "fp16"], r"--nsr.dgg with --ds.param_dtype=fp16.*allowed: .*bf16"),
+    (("train.dgg=true",), ["--ds.lora.rank", "8"], r"--nsr.dgg with --ds.lora.rank=8: the lm_head is frozen"),
+    (("train.dgg=true",), ["--ds.load_in_4bit"], r"--nsr.dgg with --ds.load_in_4bit"),
+    (("train.dgg=true",), ["--actor.optim", "muon"], r"--nsr.dgg with --actor.optim muon.*allowed: adam"),
+    (
+        ("train.dgg=true",),
+        ["--ds.zero_stage", "1", "--ds.grad_accum_dtype", "fp32"],
+        r"--nsr.dgg with --ds.grad_accum_dtype fp32 with --ds.zero_stage 1: .*BF16_Optimizer",
+    ),
+    (("train.dgg=true",), ["--ds.deepcompile"], r"--nsr.dgg with --ds.deepcompile"),
+    (("train.dgg=true",), ["--train.dynamic_batch_enable"], r"--nsr.dgg with --train.dynamic_batch_enable"),
 ]
 
 

@@ -82,11 +82,48 @@ def check_args(args, settings: NSRSettings) -> None:
             f"--nsr.dgg with --ds.param_dtype={args.ds.param_dtype}: a skipped step would also halve DeepSpeed's fp16 "
             "loss scale; allowed: --ds.param_dtype bf16"
         )
+    if settings.dgg:
+        check_dgg(args)
     if args.ckpt.load_enable and args.ckpt.max_num < 2:
         raise LaunchError(
             f"--ckpt.max_num={args.ckpt.max_num} with --ckpt.load_enable: OpenRLHF deletes the old checkpoint "
             "before writing the new one, so a preemption in between leaves nothing to resume from; allowed: >= 2"
         )
+
+
+def check_dgg(args) -> None:
+    """Settings under which --nsr.dgg could not gate as stated (nsr/openrlhf/gate.py): refused."""
+    refused = [
+        (
+            args.ds.lora.rank > 0,
+            f"--ds.lora.rank={args.ds.lora.rank}",
+            "the lm_head is frozen, no gradient to watch",
+            "0",
+        ),
+        (args.ds.load_in_4bit, "--ds.load_in_4bit", "the lm_head is frozen, no gradient to watch", "leave it off"),
+        (
+            args.actor.optim == "muon",
+            "--actor.optim muon",
+            "DeepSpeed updates Muon's momentum while reducing gradients, before the skipped step",
+            "adam",
+        ),
+        (
+            args.ds.zero_stage == 1 and args.ds.grad_accum_dtype == "fp32" and not args.ds.adam_offload,
+            "--ds.grad_accum_dtype fp32 with --ds.zero_stage 1",
+            "DeepSpeed then uses its BF16_Optimizer, which has no skipped-step path",
+            "another stage or grad_accum_dtype",
+        ),
+        (args.ds.deepcompile, "--ds.deepcompile", "it reduces gradients on another path", "leave it off"),
+        (
+            args.train.dynamic_batch_enable,
+            "--train.dynamic_batch_enable",
+            "gating with dynamic batches is not tested",
+            "leave it off",
+        ),
+    ]
+    for bad, flag, why, allowed in refused:
+        if bad:
+            raise LaunchError(f"--nsr.dgg with {flag}: {why}; allowed: {allowed}")
 
 
 def install(settings: NSRSettings) -> None:
