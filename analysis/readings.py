@@ -60,12 +60,14 @@ def one_run_table(rs, sweep: str, seed: int, labels) -> str:
         "clipped tokens | rescued tokens |",
         "|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for label in labels:
         rec = m[(m["sweep"] == sweep) & (m["label"] == label) & (m["seed"] == seed)]
         if rec.empty:
             lines.append(f"| {label} | (no run) | | | | | |")
             continue
         r = one_run_row(rs, rec["run"].iloc[0])
+        rows.append(r)
         lines.append(
             f"| {label} | `{rec['run'].iloc[0]}` | {r['pass@1 first']:.2f} -> {r['pass@1 last']:.2f} | "
             f"{r['pass@8 first']:.2f} -> {r['pass@8 last']:.2f} | "
@@ -73,8 +75,8 @@ def one_run_table(rs, sweep: str, seed: int, labels) -> str:
             f"{r['clip_frac first']:.1%} -> {r['clip_frac last']:.1%} | "
             f"{r['rescue_frac first']:.2%} -> {r['rescue_frac last']:.2%} |"
         )
-    steps = r["steps"] if not rec.empty else None
-    if steps:
+    if rows:  # the windows of the first run shown (every run of one sweep has the same schedule)
+        r, steps = rows[0], rows[0]["steps"]
         lines.append(
             f"\n(evals at steps {r['evals'][0]} and {r['evals'][1]}; step windows {steps[0]}-{steps[1]} and "
             f"{steps[2]}-{steps[3]})"

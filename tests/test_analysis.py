@@ -491,3 +491,4 @@ def test_one_run_readout_recomputes_from_the_files(tmp_path):
     assert got["steps"] == (1, 10, 41, 50) and got["evals"] == (0, 50)
     table = one_run_table(rs, "delta", 0, ["hard", "nsr delta=0.2"])
     assert f"`delta/{run_id}`" in table and "| nsr delta=0.2 | (no run) |" in table
+    assert table.endswith("(evals at steps 0 and 50; step windows 1-10 and 41-50)")  # also when the last is missing

@@ -66,8 +66,10 @@ def lm_head_grad_norm(engine) -> float:
     elif hasattr(weight, "_dp_group"):  # ZeRO-1/2: the parameter's slice of this rank's gradient partition
         group = weight._dp_group
         mapping = weight._hp_mapping  # None where this rank's partition holds no piece of the parameter
-        local = mapping.get_lp_grad_fragment(weight._index_in_param_group) if mapping is not None else None
-        local = torch.zeros(0, device=weight.device) if local is None else local.flatten()
+        if mapping is None:
+            local = torch.zeros(0, device=weight.device)
+        else:
+            local = mapping.get_lp_grad_fragment(weight._index_in_param_group).flatten()
     else:
         raise RuntimeError(
             "--nsr.dgg: the lm_head weight is not managed by a ZeRO optimizer (no ds_id / _dp_group); allowed: "
