@@ -267,3 +267,35 @@ def test_demo_figure_from_two_runs(nsr_run, hard_run, tmp_path):
             for s in range(4)]  # fmt: skip
     assert _eval_curves(rows, k=8) == ([0], [1 / 8], [0.5], 4)
     assert _eval_curves(rows, k=1) == ([0], [1 / 8], [1 / 8], 1)
+
+
+def test_samples_cli_reads_a_kept_checkpoint(tiny_env, tmp_path_factory, nsr_run, capsys):
+    """``python -m experiments.tiny.samples``: outcome shares of a kept checkpoint, seeded; a folder without one is
+    refused with the override that keeps it."""
+    from experiments.tiny import samples
+
+    kept = _run(tmp_path_factory, "kept", ["loss.rule=hard", "logging.keep_checkpoint=true"])
+    assert kept.checkpoint_path.exists()
+    args = [str(kept.path), "--prompts", "16", "--samples", "2", "--top", "3"]
+    assert samples.main(args) == 0
+    first = capsys.readouterr().out
+    assert samples.main(args) == 0
+    assert capsys.readouterr().out == first  # same folder and seed: the same table
+    assert "(rule hard, step 30): 32 samples, 16 held-out countdown3 prompts" in first
+
+    model, cfg, step = samples.load_policy(kept.path)
+    task = get_task(cfg.task.name)
+    ids = task.eval_set(16, 0)
+    shares, common = samples.outcomes(model, task, ids, 2, cfg.rollout.max_new_tokens, 1.0, generator(0, "samples"))
+    assert step == 30 and sum(shares.values()) == pytest.approx(1.0) and sum(c for _, c in common) == 32
+    for k, v in shares.items():
+        if v or k in ("correct", "malformed", "no_eos"):
+            assert f"{k:<13} {v:.3f}" in first
+    # the correct share is the verifier's reward on the same samples
+    comps = generate(
+        model, task.prompts(ids).repeat_interleave(2, 0), cfg.rollout.max_new_tokens, 1.0, generator(0, "samples")
+    )
+    assert shares["correct"] == pytest.approx(task.rewards(ids.repeat_interleave(2), comps).mean().item())
+
+    assert samples.main([str(nsr_run.path)]) == 2  # a done run without logging.keep_checkpoint
+    assert "logging.keep_checkpoint=true" in capsys.readouterr().err

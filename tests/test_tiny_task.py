@@ -130,3 +130,32 @@ def test_countdown4_problems_and_verifier():
     assert task.answer("4*3*2+2") == 26 and task.answer("12") is None
     for d, v, answers in task.problems[::997]:  # every listed answer uses the digits and hits the target
         assert all(sorted(map(int, a[::2])) == list(d) and countdown_value(a) == v for a in answers)
+
+
+@pytest.mark.parametrize(
+    "answer, kind",
+    [
+        ("1+2*3", "correct"),
+        ("1+2+3", "wrong_value"),  # the prompt's digits, value 6
+        ("3*3-2", "wrong_digits"),  # value 7, but digits the prompt does not have (the GPPO collapse's outcome)
+        ("1*1*1", "wrong_digits"),
+        ("7", "malformed"),  # states no 3-digit expression
+        ("1+2+3 ", "malformed"),
+        ("", "malformed"),
+        (None, "no_eos"),
+    ],
+)
+def test_countdown_outcome_hand_cases(answer, kind):
+    task = get_task("countdown3")
+    assert task.outcome(_pid(task, "123:007="), answer) == kind
+
+
+def test_add3_outcome_has_no_digit_split():
+    task = get_task("add3")
+    pid = 123 * 1000 + 456  # 123 + 456 = 579, written reversed: "9750"
+    assert [task.outcome(pid, t) for t in ("9750", "9751", "975", None)] == [
+        "correct",
+        "wrong_answer",
+        "malformed",
+        "no_eos",
+    ]

@@ -49,6 +49,10 @@ def decode(tokens: Sequence[int]) -> str:
     return None
 
 
+OUTCOMES = ("correct", "wrong_value", "wrong_digits", "wrong_answer", "malformed", "no_eos")
+"""The outcome classes of ``Task.outcome`` (wrong_value / wrong_digits: Countdown; wrong_answer: other tasks)."""
+
+
 class Task:
     """A finite problem set with an exact verifier.
 
@@ -85,6 +89,14 @@ class Task:
         """The final answer ``text`` states, for the label-free vote (experiments.tiny.rewards): completions with
         equal answers vote together. A hashable value, or None if it states none. Needs no label."""
         raise NotImplementedError
+
+    def outcome(self, pid: int, text: str | None) -> str:
+        """What a completion is, one of ``OUTCOMES``: no EOS, malformed (states no answer), a wrong answer, correct."""
+        if text is None:
+            return "no_eos"
+        if self.is_correct(pid, text):
+            return "correct"
+        return "malformed" if self.answer(text) is None else "wrong_answer"
 
     # ---------------------------------------------------------------- shared
     def sample_train(self, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -181,6 +193,14 @@ class Countdown(Task):
     def answer(self, text: str | None) -> int | None:
         """The expression's value (whatever digits it uses), None if it is not ``n_digits`` digits and ops."""
         return countdown_value(text) if text is not None and _well_formed(text, self.n_digits) else None
+
+    def outcome(self, pid: int, text: str | None) -> str:
+        """As Task.outcome, with a wrong answer split by whether it uses the prompt's digits: "wrong_value" (the
+        prompt's digits, another value) or "wrong_digits" (other digits: the prompt is not copied)."""
+        out = super().outcome(pid, text)
+        if out != "wrong_answer":
+            return out
+        return "wrong_value" if tuple(sorted(map(int, text[::2]))) == self.problems[pid][0] else "wrong_digits"
 
 
 class Countdown3(Countdown):
