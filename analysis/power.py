@@ -321,15 +321,18 @@ def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, swee
     for name in regime["candidates"]:
         mine = [r for r in runs if r.regime == name]
         cands[name] = candidate_readout(mine, regime, name, expected.get(name, len(mine)))
+    # the selection compares candidates, so it waits for every one of them: a candidate that is not complete yet
+    # is pending, not failed, and no regime is chosen while any is pending
+    pending = [k for k, v in cands.items() if not v["checks"]["complete"]]
     ok = {k: v for k, v in cands.items() if v["qualifies"]}
     chosen = None
-    if ok:
+    if ok and not pending:
         best = max(v["dose_per_token"] for v in ok.values())
         tie = regime["selection"]["tie"]
         close = [k for k, v in ok.items() if v["dose_per_token"] >= (1 - tie) * best]
         chosen = min(close, key=lambda k: regime["candidates"][k]["cost"])
     plan = regime["planning"]
-    out = {"candidates": cands, "chosen": chosen}
+    out = {"candidates": cands, "chosen": chosen, "pending": pending}
     if chosen:
         spread = cands[chosen]["spread"]
         sd = max(spread, plan["prior_sd"]) if math.isfinite(spread) else plan["prior_sd"]
@@ -376,6 +379,13 @@ def print_readout(out: dict) -> None:
     for crit in next(iter(out["candidates"].values()))["checks"] if names else []:
         cells = ["pass" if out["candidates"][n]["checks"][crit] else "FAIL" for n in names]
         print(f"| criterion {crit} | " + " | ".join(cells) + " |")
+    if out.get("pending"):
+        done = [n for n in names if n not in out["pending"]]
+        print(
+            f"\nstage A incomplete: {', '.join(out['pending'])} not done; no regime is chosen until every candidate"
+            f" is (complete: {', '.join(done) or 'none'})"
+        )
+        return
     print(f"\nchosen regime: {out['chosen'] or 'none qualifies (stage B is not run)'}")
     if out["chosen"]:
         print(f"widen_dose: {out['candidates'][out['chosen']].get('widen_dose')}")

@@ -127,7 +127,23 @@ def test_dose_matched_width_of_a_one_bin_histogram():
 
 def test_readout_of_an_empty_folder_chooses_nothing(tmp_path, capsys):
     assert P.main(["regime", str(tmp_path)]) == 0
-    assert "none qualifies (stage B is not run)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stage A incomplete: u16, u16_gc, tight, d128 not done" in out and "chosen regime" not in out
+
+
+def test_no_regime_is_chosen_while_a_candidate_is_pending(monkeypatch):
+    """One candidate meets every criterion, another has not run: the selection waits (it compares candidates)."""
+    regime = P.load_regime()
+    passing = {"qualifies": True, "dose_per_token": 0.01, "spread": 0.03, "checks": {"complete": True}}
+    pending = {"qualifies": False, "dose_per_token": math.nan, "spread": math.nan, "checks": {"complete": False}}
+    readouts = {"u16": passing, "u16_gc": pending, "tight": dict(passing, qualifies=False), "d128": dict(passing)}
+    monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, expected=None: readouts[name])
+    monkeypatch.setattr(P, "load_regime", lambda path=None: regime)
+    out = P.regime_readout("/nonexistent-stage-a")
+    assert out["chosen"] is None and out["pending"] == ["u16_gc"]
+    readouts["u16_gc"] = dict(passing, dose_per_token=0.02)  # now complete and the larger dose
+    out = P.regime_readout("/nonexistent-stage-a")
+    assert out["pending"] == [] and out["chosen"] == "u16_gc" and out["plan"]["pairs"] % 4 == 0
 
 
 def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
