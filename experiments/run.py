@@ -221,9 +221,11 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
             raise ConfigError("give either a config file with overrides, or --sweep with --run, not both")
         if not args.run_id and not getattr(args, "dry_run", False):
             raise ConfigError("--sweep needs --run RUN_ID (list them with: python -m slurm.submit SWEEP --dry-run)")
-        from sweeps import resolve_run
+        from sweeps import check_ready, resolve_run
 
         spec = resolve_run(args.sweep, args.run_id, preset=args.preset)
+        if not getattr(args, "dry_run", False):
+            check_ready(args.sweep)
         return spec.config, spec.run_id, spec.sweep, spec.meta
     if not args.config:
         raise ConfigError("give a config file (e.g. sweeps/presets/tiny.yaml) or --sweep SWEEP --run RUN_ID")

@@ -48,7 +48,7 @@ from experiments.rundir import (
 )
 from slurm import queue
 from slurm.jobs import RunJob
-from sweeps import RunSpec, SweepError, expand, sweep_path
+from sweeps import RunSpec, SweepError, check_ready, expand, sweep_path
 
 LOG_ROOT = REPO_ROOT / "logs" / "submitit"
 SITE_FILE = Path(__file__).resolve().parent / "cluster.yaml"
@@ -264,6 +264,8 @@ def submit(
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError(f"max_parallel={max_parallel} is not valid; allowed: >= 1")
     specs = expand(sweep, preset=preset, presets_dir=Path(presets_dir) if presets_dir else None)
+    if not dry_run:
+        check_ready(sweep)
     if only:
         ids = {s.run_id for s in specs}
         missing = [r for r in only if r not in ids]

@@ -22,6 +22,7 @@ Format (every key but ``arms`` or ``grid`` optional; dotted keys are RunConfig f
       nsr: {loss.rule: nsr, grid: {loss.delta: [0.05, 0.2]}}
     seeds: [0, 1, 2]             # the preset's `preset: {max_seeds: N}` keeps the first N
     baseline: hard               # the arm the analysis pairs differences against
+    status: ready                # default; `template` (placeholder values): --dry-run lists it, nothing runs it
 
 Run = preset < base < arm < (factor bundles, grid values) < seed, in that precedence. A key set by an arm must not
 also be an axis of that arm, and axes must not share keys (the value would be ambiguous); ``seed`` is set only by
@@ -54,7 +55,10 @@ from experiments.config import ConfigError, RunConfig, apply_overrides, from_dic
 
 SWEEPS_DIR = Path(__file__).resolve().parent
 PRESETS_DIR = SWEEPS_DIR / "presets"
-TOP_KEYS = ("name", "description", "preset", "base", "grid", "factors", "arms", "seeds", "baseline")
+TOP_KEYS = ("name", "description", "preset", "base", "grid", "factors", "arms", "seeds", "baseline", "status")
+STATUSES = ("ready", "template")
+"""``status:`` of a sweep file: ready (default) runs; template (placeholder values, e.g. a confirmatory grid before
+the stage that sizes it) is listed by ``--dry-run`` but never run (:func:`check_ready`)."""
 ARM_KEYS = ("grid", "factors")
 PRESET_KEYS = ("max_seeds",)
 DEFAULT_ARM = "default"
@@ -93,6 +97,7 @@ class Sweep:
     names of the sweep-level factors}, with the sweep-level grid and factors merged in."""
     seeds: tuple[int, ...]
     baseline: str | None
+    status: str = "ready"
 
 
 # ---------------------------------------------------------------- paths
@@ -291,7 +296,21 @@ def load_sweep(sweep: str | Path) -> Sweep:
     baseline = data.get("baseline")
     if baseline is not None and baseline not in arms:
         raise SweepError(f"{path}: baseline={baseline!r} is not an arm; allowed: {', '.join(arms)}")
-    return Sweep(path, name, description, tuple(presets), base, arms, tuple(seeds), baseline)
+    status = data.get("status", "ready")
+    if status not in STATUSES:
+        raise SweepError(f"{path}: status={status!r} is not valid; allowed: {', '.join(STATUSES)}")
+    return Sweep(path, name, description, tuple(presets), base, arms, tuple(seeds), baseline, status)
+
+
+def check_ready(sweep: str | Path | Sweep) -> None:
+    """SweepError unless the sweep may run: a ``status: template`` sweep has placeholder values (its header says
+    what fills them) and runs only after the commit that fills them sets ``status: ready``."""
+    sw = sweep if isinstance(sweep, Sweep) else load_sweep(sweep)
+    if sw.status == "template":
+        raise SweepError(
+            f"{sw.path}: status: template: its values are placeholders (the file's header says what fills them), so "
+            f"it is not run; allowed: list it with --dry-run, or set status: ready in the commit that fills it in"
+        )
 
 
 # ---------------------------------------------------------------- expansion

@@ -60,6 +60,31 @@ def test_confirm_template_is_sized_by_the_power_calculation():
     assert sorted(warm) == b["warm_starts"]
 
 
+def test_the_confirm_template_is_refused_until_filled(tmp_path):
+    """status: template: slurm.submit and experiments.run --sweep refuse it before any folder exists; --dry-run lists
+    it; any other status value is refused naming the allowed ones."""
+    import subprocess
+    import sys
+
+    from slurm.submit import submit
+    from sweeps import SweepError, check_ready, load_sweep
+
+    assert load_sweep("confirm").status == "template" and load_sweep("regime_search").status == "ready"
+    with pytest.raises(SweepError, match="status: template"):
+        submit("confirm", preset="tiny-smoke", cluster="local", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
+    assert len(submit("confirm", preset="tiny-smoke", dry_run=True, out_root=tmp_path / "runs").decisions) == 18
+    run_id = expand("confirm")[0].run_id
+    cmd = [sys.executable, "-m", "experiments.run", "--sweep", "confirm", "--run", run_id, "--out", str(tmp_path / "x")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "status: template" in res.stderr and not (tmp_path / "x").exists()
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nstatus: draft\npreset: tiny\narms: {hard: {loss.rule: hard}}\n")
+    with pytest.raises(SweepError, match="status='draft' is not valid; allowed: ready, template"):
+        check_ready(bad)
+
+
 def _run(pattern: str) -> Path:
     found = sorted(GRID.glob(pattern))
     assert found, f"no committed run {pattern} under {GRID}"
