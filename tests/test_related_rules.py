@@ -239,6 +239,26 @@ def _verl_style(rule, logp, old, adv, mask, cfg):
     raise AssertionError(rule)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gppo_is_klears_one_line_clamp_form(seed):
+    """GPPO as the authors publish it (KlearReasoner README / compute_gppo_loss): PPO's max with the clamp bounds
+    written as (1 -/+ eps) / sg(r) * r, no dual clip. Same value and gradient; in particular the A < 0 tokens below
+    the bound keep d L / d log pi = |A| (1 - eps_low) however small r is (the push behind the collapse)."""
+    logp, old, adv, mask = make_batch(B=8, T=16, seed=seed, spread=1.5, adv_per_token=True)
+    loss, g, m = run(logp, old, adv, mask, nsr.LossConfig(rule="gppo"))
+    lp = logp.detach().clone().requires_grad_()
+    ratio = torch.exp(torch.where(mask, lp, 0.0) - old)
+    rd = ratio.detach()
+    ref = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, LO / rd * ratio, HI / rd * ratio))
+    ref = torch.where(mask, ref, 0.0)
+    (ref_g,) = torch.autograd.grad(ref.sum(), lp)
+    torch.testing.assert_close(loss, ref.detach())
+    torch.testing.assert_close(g, torch.where(mask, ref_g, 0.0))
+    deep = mask & (adv < 0) & (rd < 0.1)  # far below the bound
+    assert deep.any() and m["clip_frac_low"] > 0
+    torch.testing.assert_close(g[deep], (-adv * LO)[deep])
+
+
 @pytest.mark.parametrize("rule", NEW)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gradient_matches_autograd_of_the_sources_formula(rule, seed):
