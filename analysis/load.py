@@ -334,7 +334,7 @@ def sweep_members(
 
     Hashes are today's ``RunConfig.run_hash()``; a run folder is matched through its config.yaml read by today's code
     (``runs["config_hash"]``), so a field added since the run was made (with its default) does not hide it."""
-    from sweeps import SweepError, expand
+    from sweeps import SweepError, expand, load_sweep
 
     out: dict[str, list[dict]] = {}
     notes: list[str] = []
@@ -342,6 +342,11 @@ def sweep_members(
         return out, notes
     presets = sorted({p for p in runs.get("meta.preset", pd.Series(dtype=object)).dropna() if isinstance(p, str)})
     for path in sorted(Path(sweeps_dir).glob("*.yaml")):
+        try:
+            if load_sweep(path).status == "template":  # placeholders: no run belongs to it until it is filled in
+                continue
+        except SweepError:
+            pass  # reported by expand below
         for preset in presets:
             try:
                 specs = expand(path, preset=preset, presets_dir=presets_dir)

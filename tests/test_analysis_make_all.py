@@ -282,3 +282,19 @@ def test_status_lists_a_few_ids_per_state_and_counts_the_rest():
     line = next(x for x in md.splitlines() if x.startswith("- confirm missing:"))
     assert ids[LISTED - 1] in line and ids[LISTED] not in line and "and 5 more" in line
     assert "| confirm | 1 |" in md and f"| {LISTED + 5} |" in md  # the table still counts every run
+
+
+def test_a_template_sweep_claims_no_run(tmp_path):
+    """A `status: template` sweep (placeholder values) is not credited with the runs of other sweeps that share a
+    config: the confirm template at --preset tiny shares 25 configs with the delta / rescue_vs_decay grids."""
+    import pandas as pd
+
+    from analysis.load import sweep_members
+
+    text = (SWEEPS_DIR / "delta.yaml").read_text()
+    (tmp_path / "delta.yaml").write_text(text)
+    (tmp_path / "tmpl.yaml").write_text(text.replace("name: delta", "name: tmpl") + "status: template\n")
+    (tmp_path / "copy.yaml").write_text(text.replace("name: delta", "name: copy"))
+    members, notes = sweep_members(pd.DataFrame({"meta.preset": ["tiny"]}), tmp_path)
+    spec = expand(tmp_path / "delta.yaml", preset="tiny")[0]
+    assert not notes and sorted(m["sweep"] for m in members[spec.config.run_hash()]) == ["copy", "delta"]
