@@ -479,6 +479,7 @@ def load_runs(
                 for c in (
                     "run",
                     "folder",
+                    "path",
                     "hash",
                     "sweep",
                     "run_id",

@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 
 from analysis import claims as claims_mod
-from analysis import figures, tables
+from analysis import collapse, figures, tables
 from analysis import report as report_mod
 from analysis.load import RUNS_ROOT, RunSet, RunWarning, load_runs, status_report
 from analysis.summary import eval_curves, summarize
@@ -283,6 +283,10 @@ def make_all(
     posthoc_md = claims_mod.render(posthoc, posthoc=True)
     files.append(write_text(tab("posthoc.md"), "### Post-hoc readings of the CPU grid (not planned)\n\n" + posthoc_md,
                             out))  # fmt: skip
+    if (summary["sweep"] == collapse.SWEEP).any():  # the pre-registered judge/executor collapse test
+        judged = collapse.judge_collapse(rs)
+        files.append(write_text(tab("judge_collapse.md"), collapse.render(judged), out))
+        say(f"judge/executor collapse test (tables/judge_collapse.md): {judged['verdict']}")
     if readme is not None:
         block = readme_block(claims_md, fig_dir, readme, n_distinct, sweeps)
         if rewrite_readme(readme, block):
