@@ -224,13 +224,15 @@ def candidate_readout(runs: list[RunStats], regime: dict, name: str, expected: i
     """Every stage-A criterion, the spread, the dose and the dose-matched widening of one candidate.
 
     ``runs``: the candidate's run folders (arms hard, nsr, widen_small); ``expected``: how many the sweep has.
+    Every measure is computed from the done runs; ``runs`` / ``done`` count all of them and the done ones.
     """
     from nsr import LossConfig
 
     crit = regime["criteria"]
     by_arm: dict[str, list[RunStats]] = {}
-    for r in runs:
-        by_arm.setdefault(r.arm, []).append(r)
+    for r in runs:  # measures read done runs only: a running run's first steps would pass for a whole run
+        if r.done:
+            by_arm.setdefault(r.arm, []).append(r)
     hard, nsr_runs, widen = (by_arm.get(a, []) for a in ("hard", "nsr", "widen_small"))
     out: dict = {"candidate": name, "runs": len(runs), "done": sum(r.done for r in runs)}
     checks: dict[str, bool] = {}

@@ -187,3 +187,23 @@ def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
     write_folder(tmp_path / "hard-other", other, dict(specs[0].meta), ArmSpec())
     out = P.regime_readout(tmp_path)["candidates"]["u16"]
     assert len(specs) == 3 and out["runs"] == 3 and out["done"] == 3
+
+
+def test_readout_measures_only_done_runs(tmp_path):
+    """A running run is counted (runs, done) but none of its steps enter a measure: a run's first steps would
+    otherwise pass for a whole run (a running widen_small run once moved u16's reward-AUC difference by 0.04)."""
+    from analysis.synth import ArmSpec, write_folder
+
+    specs = [
+        s
+        for s in expand("regime_search")
+        if s.meta["point"].get("regime") == "u16" and s.meta["arm"] == "hard" and s.config.seed in (0, 1)
+    ]
+    write_folder(tmp_path / specs[0].run_id, specs[0].config, dict(specs[0].meta), ArmSpec())
+    write_folder(tmp_path / specs[1].run_id, specs[1].config, dict(specs[1].meta), ArmSpec(skill=3.0), "running")
+    metrics = tmp_path / specs[1].run_id / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('"clip_frac_low":', '"clip_frac_low":0.5,"x":'))
+    out = P.regime_readout(tmp_path)["candidates"]["u16"]
+    done = P.read_run(tmp_path / specs[0].run_id)
+    assert out["runs"] == 2 and out["done"] == 1
+    assert out["clip_frac"] == pytest.approx(done.clip_frac) and out["hard_late_pass1"] == pytest.approx(done.late_pass1)
