@@ -206,4 +206,5 @@ def test_readout_measures_only_done_runs(tmp_path):
     out = P.regime_readout(tmp_path)["candidates"]["u16"]
     done = P.read_run(tmp_path / specs[0].run_id)
     assert out["runs"] == 2 and out["done"] == 1
-    assert out["clip_frac"] == pytest.approx(done.clip_frac) and out["hard_late_pass1"] == pytest.approx(done.late_pass1)
+    assert out["clip_frac"] == pytest.approx(done.clip_frac)
+    assert out["hard_late_pass1"] == pytest.approx(done.late_pass1)
