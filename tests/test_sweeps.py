@@ -44,6 +44,9 @@ def test_paper_sweeps_expand_on_tiny_and_cluster(name):
     assert len({r.meta["seed"] for r in tiny}) == len(sw.seeds)  # tiny keeps every seed
     assert all(r.config.backend == "tiny" and ID.match(r.run_id) for r in tiny)
     assert {r.meta["arm"] for r in tiny} == set(sw.arms)
+    # the evidence plan's preset too (it sets the tiny-scale Clip-Cov / KL-Cov fractions, which once made two
+    # `related` arms one config there)
+    assert len(expand(name, preset="tiny-regime")) == len(tiny)
     smoke = expand(name, preset="tiny-smoke")  # max_seeds: 1 -> one run per arm and point
     assert {r.meta["seed"] for r in smoke} == {sw.seeds[0]}
     assert len(smoke) * len(sw.seeds) == len(tiny)
