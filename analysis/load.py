@@ -343,13 +343,15 @@ def sweep_members(
     presets = sorted({p for p in runs.get("meta.preset", pd.Series(dtype=object)).dropna() if isinstance(p, str)})
     for path in sorted(Path(sweeps_dir).glob("*.yaml")):
         try:
-            if load_sweep(path).status == "template":  # placeholders: no run belongs to it until it is filled in
-                continue
-        except SweepError:
-            pass  # reported by expand below
+            sweep = load_sweep(path)
+        except SweepError as e:
+            notes.append(f"{path.stem}: not expanded: {e}")
+            continue
+        if sweep.status == "template":  # placeholders: no run belongs to it until it is filled in
+            continue
         for preset in presets:
             try:
-                specs = expand(path, preset=preset, presets_dir=presets_dir)
+                specs = expand(sweep, preset=preset, presets_dir=presets_dir)
             except (SweepError, ValueError) as e:
                 notes.append(f"{path.stem} (preset {preset}): not expanded: {e}")
                 continue

@@ -48,7 +48,7 @@ from experiments.rundir import (
 )
 from slurm import queue
 from slurm.jobs import RunJob
-from sweeps import RunSpec, SweepError, check_ready, expand, sweep_path
+from sweeps import RunSpec, SweepError, check_ready, expand, load_sweep, sweep_path
 
 LOG_ROOT = REPO_ROOT / "logs" / "submitit"
 SITE_FILE = Path(__file__).resolve().parent / "cluster.yaml"
@@ -263,9 +263,10 @@ def submit(
         raise ConfigError(f"cluster={cluster!r} is not valid; allowed: {', '.join(CLUSTERS)}")
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError(f"max_parallel={max_parallel} is not valid; allowed: >= 1")
-    specs = expand(sweep, preset=preset, presets_dir=Path(presets_dir) if presets_dir else None)
+    sw = load_sweep(sweep)
+    specs = expand(sw, preset=preset, presets_dir=Path(presets_dir) if presets_dir else None)
     if not dry_run:
-        check_ready(sweep)
+        check_ready(sw)
     if only:
         ids = {s.run_id for s in specs}
         missing = [r for r in only if r not in ids]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.config import ConfigError, from_dict
+from experiments.config import ConfigError, load_config
 from experiments.rundir import RunDir
 from experiments.tiny import set_threads
 from experiments.tiny.model import build_model, generate
@@ -57,12 +57,10 @@ def outcomes(
 def load_policy(folder: Path) -> tuple[torch.nn.Module, object, int]:
     """(model, RunConfig, step) of a tiny run folder's checkpoint; ValueError saying what is missing."""
     rd = RunDir(folder)
-    data = rd.read_config()
-    if data is None:
+    if not rd.config_path.is_file():
         raise ValueError(f"{folder}: no config.yaml (not a run folder)")
-    data = {k: v for k, v in data.items() if k != "meta"}
     try:
-        cfg = from_dict(data, str(rd.config_path))
+        cfg = load_config(rd.config_path)  # a run's config.yaml: its meta section is set aside
     except ConfigError as e:
         raise ValueError(str(e)) from None
     if cfg.backend != "tiny":
