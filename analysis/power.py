@@ -98,8 +98,19 @@ def plan_table(effects=(0.01, 0.02), contrasts=(1, 3), alpha: float = 0.05, powe
 
 
 # ------------------------------------------------------------------------------------------------ stage A
+HARD_ONLY_CRITERIA = ("reach", "clip", "not_saturated", "grad_clip_rare")
+"""The stage-A criteria that read the hard runs only; only these may rule a candidate out early."""
+
+
 def load_regime(path: str | Path = REGIME_FILE) -> dict:
-    return yaml.safe_load(Path(path).read_text())
+    regime = yaml.safe_load(Path(path).read_text())
+    bad = [c for c in (regime.get("rule_out_on_hard") or {}).get("criteria", []) if c not in HARD_ONLY_CRITERIA]
+    if bad:
+        raise ValueError(
+            f"{path}: rule_out_on_hard.criteria has {bad}; allowed: {list(HARD_ONLY_CRITERIA)} (the criteria that"
+            " read hard runs only)"
+        )
+    return regime
 
 
 @dataclass
@@ -220,11 +231,15 @@ def _paired(a: list[RunStats], b: list[RunStats], attr: str) -> np.ndarray:
     return np.array([getattr(r, attr) - bb[r.seed] for r in a if r.seed in bb], dtype=np.float64)
 
 
-def candidate_readout(runs: list[RunStats], regime: dict, name: str, expected: int | None = None) -> dict:
+def candidate_readout(
+    runs: list[RunStats], regime: dict, name: str, expected: int | None = None, expected_hard: int | None = None
+) -> dict:
     """Every stage-A criterion, the spread, the dose and the dose-matched widening of one candidate.
 
-    ``runs``: the candidate's run folders (arms hard, nsr, widen_small); ``expected``: how many the sweep has.
-    Every measure is computed from the done runs; ``runs`` / ``done`` count all of them and the done ones.
+    ``runs``: the candidate's run folders (arms hard, nsr, widen_small); ``expected`` / ``expected_hard``: how many
+    runs, and hard runs, the sweep has. Every measure is computed from the done runs; ``runs`` / ``done`` count all
+    of them and the done ones. ``ruled_out`` lists the hard-only criteria (regime.yaml ``rule_out_on_hard``,
+    amendment 1) that fail once every hard run is done: the candidate's other runs cannot change them.
     """
     from nsr import LossConfig
 
@@ -269,6 +284,9 @@ def candidate_readout(runs: list[RunStats], regime: dict, name: str, expected: i
     # NaN compares False, so a criterion without data fails
     out["checks"] = checks
     out["qualifies"] = all(checks.values())
+    n_hard = expected_hard if expected_hard is not None else sum(r.arm == "hard" for r in runs)
+    failed = [c for c in regime.get("rule_out_on_hard", {}).get("criteria", []) if not checks[c]]
+    out["ruled_out"] = failed if n_hard > 0 and len(hard) == n_hard else []
 
     # dose and dose-matched widening (hard runs only), and the spread of paired differences (means not used)
     cand = regime["candidates"].get(name, {})
@@ -302,6 +320,7 @@ def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, swee
     regime = load_regime(regime_path)
     root = Path(root)
     expected: dict[str, int] = {}
+    expected_hard: dict[str, int] = {}
     hashes: set[str] | None = None
     if sweep or regime.get("stage_a_sweep"):
         from sweeps import expand
@@ -310,6 +329,7 @@ def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, swee
         for spec in expand(sweep or regime["stage_a_sweep"]):
             k = str(spec.meta["point"].get("regime", ""))
             expected[k] = expected.get(k, 0) + 1
+            expected_hard[k] = expected_hard.get(k, 0) + (spec.meta["arm"] == "hard")
             hashes.add(spec.config.run_hash())
     # one folder per config: a config of the sweep as today's code hashes it (no legacy folder, no other config),
     # a done folder before an unfinished one, then by path (a copy never counts twice or stands in for a missing run)
@@ -322,10 +342,12 @@ def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, swee
     cands = {}
     for name in regime["candidates"]:
         mine = [r for r in runs if r.regime == name]
-        cands[name] = candidate_readout(mine, regime, name, expected.get(name, len(mine)))
+        n_hard = expected_hard.get(name, sum(r.arm == "hard" for r in mine))
+        cands[name] = candidate_readout(mine, regime, name, expected.get(name, len(mine)), n_hard)
     # the selection compares candidates, so it waits for every one of them: a candidate that is not complete yet
-    # is pending, not failed, and no regime is chosen while any is pending
-    pending = [k for k, v in cands.items() if not v["checks"]["complete"]]
+    # is pending, not failed, and no regime is chosen while any is pending. A candidate ruled out on its done hard
+    # runs (amendment 1) is not pending: its missing runs cannot make it qualify
+    pending = [k for k, v in cands.items() if not v["checks"]["complete"] and not v.get("ruled_out")]
     ok = {k: v for k, v in cands.items() if v["qualifies"]}
     chosen = None
     if ok and not pending:
@@ -334,7 +356,8 @@ def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, swee
         close = [k for k, v in ok.items() if v["dose_per_token"] >= (1 - tie) * best]
         chosen = min(close, key=lambda k: regime["candidates"][k]["cost"])
     plan = regime["planning"]
-    out = {"candidates": cands, "chosen": chosen, "pending": pending}
+    ruled_out = {k: v["ruled_out"] for k, v in cands.items() if v.get("ruled_out")}
+    out = {"candidates": cands, "chosen": chosen, "pending": pending, "ruled_out": ruled_out}
     if chosen:
         spread = cands[chosen]["spread"]
         sd = max(spread, plan["prior_sd"]) if math.isfinite(spread) else plan["prior_sd"]
@@ -381,11 +404,16 @@ def print_readout(out: dict) -> None:
     for crit in next(iter(out["candidates"].values()))["checks"] if names else []:
         cells = ["pass" if out["candidates"][n]["checks"][crit] else "FAIL" for n in names]
         print(f"| criterion {crit} | " + " | ".join(cells) + " |")
+    if out.get("ruled_out"):
+        print(
+            "\nruled out on their done hard runs (amendment 1; the other runs cannot change a hard-only criterion): "
+            + "; ".join(f"{k} ({', '.join(v)})" for k, v in out["ruled_out"].items())
+        )
     if out.get("pending"):
         done = [n for n in names if n not in out["pending"]]
         print(
             f"\nstage A incomplete: {', '.join(out['pending'])} not done; no regime is chosen until every candidate"
-            f" is (complete: {', '.join(done) or 'none'})"
+            f" is complete or ruled out (decided: {', '.join(done) or 'none'})"
         )
         return
     print(f"\nchosen regime: {out['chosen'] or 'none qualifies (stage B is not run)'}")

@@ -162,13 +162,63 @@ def test_no_regime_is_chosen_while_a_candidate_is_pending(monkeypatch):
     passing = {"qualifies": True, "dose_per_token": 0.01, "spread": 0.03, "checks": {"complete": True}}
     pending = {"qualifies": False, "dose_per_token": math.nan, "spread": math.nan, "checks": {"complete": False}}
     readouts = {"u16": passing, "u16_gc": pending, "tight": dict(passing, qualifies=False), "d128": dict(passing)}
-    monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, expected=None: readouts[name])
+    monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
     monkeypatch.setattr(P, "load_regime", lambda path=None: regime)
     out = P.regime_readout("/nonexistent-stage-a")
     assert out["chosen"] is None and out["pending"] == ["u16_gc"]
     readouts["u16_gc"] = dict(passing, dose_per_token=0.02)  # now complete and the larger dose
     out = P.regime_readout("/nonexistent-stage-a")
     assert out["pending"] == [] and out["chosen"] == "u16_gc" and out["plan"]["pairs"] % 4 == 0
+
+
+def _hard_run(seed: int, deep: bool, done: bool = True) -> P.RunStats:
+    """A done hard run of 400 steps whose clipped tokens all lie in the rescue zone, or all deeper."""
+    bins = np.zeros(11)
+    bins[10 if deep else 0] = 100.0
+    return P.RunStats(
+        Path(f"hard-s{seed}"), "hard", "tight", seed, done, late_pass1=0.4, pass1_step0=0.2, reward_auc=0.3,
+        clip_frac=0.05, grad_clip_steps=0.0, steps=400, delta=0.2, bins={"pos": bins, "neg": bins},
+    )  # fmt: skip
+
+
+def test_a_candidate_is_ruled_out_once_its_hard_runs_fail_a_hard_only_criterion():
+    """Amendment 1: every hard run done and reach fails -> ruled out (the nsr / widen_small runs cannot change it);
+    a hard run still running, or hard runs that pass, leave it pending."""
+    regime = P.load_regime()
+    assert regime["rule_out_on_hard"]["criteria"] == ["reach", "clip", "not_saturated", "grad_clip_rare"]
+    deep = [_hard_run(s, deep=True) for s in range(5)]
+    out = P.candidate_readout(deep, regime, "tight", expected=15, expected_hard=5)
+    assert out["ruled_out"] == ["reach"] and not out["checks"]["complete"] and not out["qualifies"]
+    four = deep[:4] + [_hard_run(4, deep=True, done=False)]
+    assert P.candidate_readout(four, regime, "tight", expected=15, expected_hard=5)["ruled_out"] == []
+    near = [_hard_run(s, deep=False) for s in range(5)]
+    out = P.candidate_readout(near, regime, "tight", expected=15, expected_hard=5)
+    assert out["ruled_out"] == [] and out["checks"]["reach"] and not out["checks"]["complete"]
+
+
+def test_a_ruled_out_candidate_is_not_waited_for(monkeypatch, capsys):
+    regime = P.load_regime()
+    failing = {"qualifies": False, "dose_per_token": 0.01, "spread": 0.03, "checks": {"complete": False}}
+    readouts = {k: dict(failing, ruled_out=["reach"]) for k in ("u16", "u16_gc", "tight")}
+    readouts["d128"] = dict(failing, ruled_out=[])  # hard runs not all done yet
+    monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
+    monkeypatch.setattr(P, "load_regime", lambda path=None: regime)
+    out = P.regime_readout("/nonexistent-stage-a")
+    assert out["pending"] == ["d128"] and out["chosen"] is None
+    readouts["d128"]["ruled_out"] = ["reach", "clip"]
+    out = P.regime_readout("/nonexistent-stage-a")
+    assert out["pending"] == [] and out["chosen"] is None and set(out["ruled_out"]) == set(readouts)
+    P.print_readout(out)
+    text = capsys.readouterr().out
+    assert "d128 (reach, clip)" in text and "chosen regime: none qualifies (stage B is not run)" in text
+
+
+def test_only_hard_only_criteria_may_rule_a_candidate_out(tmp_path):
+    text = (REPO / "analysis" / "regime.yaml").read_text()
+    bad = tmp_path / "regime.yaml"
+    bad.write_text(text.replace("criteria: [reach, clip,", "criteria: [widening_not_protective, reach, clip,"))
+    with pytest.raises(ValueError, match=r"rule_out_on_hard.criteria has \['widening_not_protective'\]; allowed"):
+        P.load_regime(bad)
 
 
 def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
