@@ -381,7 +381,15 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def print_readout(out: dict) -> None:
+def verdict(out: dict) -> str:
+    """Stage A in one line: pending, the chosen regime, or that none qualifies."""
+    if out.get("pending"):
+        return f"incomplete ({', '.join(out['pending'])} pending)"
+    return f"chosen regime: {out['chosen']}" if out["chosen"] else "no candidate qualifies (stage B is not run)"
+
+
+def readout_markdown(out: dict) -> str:
+    """The readout as `python -m analysis.power regime` prints it: the criteria table, then the decision."""
     keys = [
         "runs",
         "done",
@@ -397,29 +405,33 @@ def print_readout(out: dict) -> None:
         "spread",
     ]
     names = list(out["candidates"])
-    print("| measure | " + " | ".join(names) + " |")
-    print("|---|" + "---|" * len(names))
+    lines = ["| measure | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for k in keys:
-        print(f"| {k} | " + " | ".join(_fmt(out["candidates"][n].get(k, math.nan)) for n in names) + " |")
+        lines.append(f"| {k} | " + " | ".join(_fmt(out["candidates"][n].get(k, math.nan)) for n in names) + " |")
     for crit in next(iter(out["candidates"].values()))["checks"] if names else []:
         cells = ["pass" if out["candidates"][n]["checks"][crit] else "FAIL" for n in names]
-        print(f"| criterion {crit} | " + " | ".join(cells) + " |")
+        lines.append(f"| criterion {crit} | " + " | ".join(cells) + " |")
     if out.get("ruled_out"):
-        print(
+        lines.append(
             "\nruled out on their done hard runs (amendment 1; the other runs cannot change a hard-only criterion): "
             + "; ".join(f"{k} ({', '.join(v)})" for k, v in out["ruled_out"].items())
         )
     if out.get("pending"):
         done = [n for n in names if n not in out["pending"]]
-        print(
+        lines.append(
             f"\nstage A incomplete: {', '.join(out['pending'])} not done; no regime is chosen until every candidate"
             f" is complete or ruled out (decided: {', '.join(done) or 'none'})"
         )
-        return
-    print(f"\nchosen regime: {out['chosen'] or 'none qualifies (stage B is not run)'}")
+        return "\n".join(lines) + "\n"
+    lines.append(f"\nchosen regime: {out['chosen'] or 'none qualifies (stage B is not run)'}")
     if out["chosen"]:
-        print(f"widen_dose: {out['candidates'][out['chosen']].get('widen_dose')}")
-        print(f"plan: {out['plan']}")
+        lines.append(f"widen_dose: {out['candidates'][out['chosen']].get('widen_dose')}")
+        lines.append(f"plan: {out['plan']}")
+    return "\n".join(lines) + "\n"
+
+
+def print_readout(out: dict) -> None:
+    print(readout_markdown(out), end="")
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -258,3 +258,21 @@ def test_readout_measures_only_done_runs(tmp_path):
     assert out["runs"] == 2 and out["done"] == 1
     assert out["clip_frac"] == pytest.approx(done.clip_frac)
     assert out["hard_late_pass1"] == pytest.approx(done.late_pass1)
+
+
+def test_make_all_writes_the_stage_a_readout(tmp_path, capsys):
+    """make_all writes tables/stage_a.md (what `python -m analysis.power regime` prints) when stage-A runs exist."""
+    from analysis import make_all
+    from analysis.synth import ArmSpec, write_folder
+
+    specs = [s for s in expand("regime_search") if s.meta["point"].get("regime") == "u16" and s.meta["arm"] == "hard"]
+    for spec in specs:
+        write_folder(tmp_path / "runs" / "regime_search" / spec.run_id, spec.config, dict(spec.meta), ArmSpec())
+    make_all.make_all(tmp_path / "runs", tmp_path / "out")
+    printed = capsys.readouterr().out
+    text = (tmp_path / "out" / "tables" / "stage_a.md").read_text()
+    expected = P.readout_markdown(P.regime_readout(tmp_path / "runs"))
+    assert text.endswith(expected) and "| done | 5 | 0 | 0 | 0 |" in text and "| criterion reach |" in text
+    # the synthetic hard runs fail a hard-only criterion, so u16 is ruled out (not pending) by its hard runs alone
+    assert "ruled out on their done hard runs" in text and "u16 (" in text
+    assert "stage A readout (tables/stage_a.md): incomplete (u16_gc, tight, d128 pending)" in printed
