@@ -284,8 +284,10 @@ def candidate_readout(
     # NaN compares False, so a criterion without data fails
     out["checks"] = checks
     out["qualifies"] = all(checks.values())
-    n_hard = expected_hard if expected_hard is not None else sum(r.arm == "hard" for r in runs)
-    failed = [c for c in regime.get("rule_out_on_hard", {}).get("criteria", []) if not checks[c]]
+    # without a sweep to count them, a candidate has one hard run per pre-registered seed (never "the folders that
+    # exist": two done seeds of five must not rule a candidate out)
+    n_hard = expected_hard if expected_hard is not None else len(regime.get("seeds", []))
+    failed = [c for c in (regime.get("rule_out_on_hard") or {}).get("criteria", []) if not checks[c]]
     out["ruled_out"] = failed if n_hard > 0 and len(hard) == n_hard else []
 
     # dose and dose-matched widening (hard runs only), and the spread of paired differences (means not used)
@@ -342,8 +344,7 @@ def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, swee
     cands = {}
     for name in regime["candidates"]:
         mine = [r for r in runs if r.regime == name]
-        n_hard = expected_hard.get(name, sum(r.arm == "hard" for r in mine))
-        cands[name] = candidate_readout(mine, regime, name, expected.get(name, len(mine)), n_hard)
+        cands[name] = candidate_readout(mine, regime, name, expected.get(name, len(mine)), expected_hard.get(name))
     # the selection compares candidates, so it waits for every one of them: a candidate that is not complete yet
     # is pending, not failed, and no regime is chosen while any is pending. A candidate ruled out on its done hard
     # runs (amendment 1) is not pending: its missing runs cannot make it qualify
@@ -388,6 +389,23 @@ def verdict(out: dict) -> str:
     return f"chosen regime: {out['chosen']}" if out["chosen"] else "no candidate qualifies (stage B is not run)"
 
 
+MEASURES = {
+    "reach": ("reach_pos", "reach_neg"),
+    "clip": ("clip_frac",),
+    "widening_not_protective": ("widen_minus_hard_primary", "widen_minus_hard_reward_auc"),
+    "not_saturated": ("hard_late_pass1", "hard_gain"),
+    "grad_clip_rare": ("grad_clip_share",),
+}
+"""The measures each criterion reads; a criterion whose measures have no done run reads n/a, not FAIL."""
+
+
+def _cell(cand: dict, crit: str) -> str:
+    if cand["checks"][crit]:
+        return "pass"
+    measured = [cand.get(k, math.nan) for k in MEASURES.get(crit, ())]
+    return "n/a" if measured and not any(math.isfinite(v) for v in measured) else "FAIL"
+
+
 def readout_markdown(out: dict) -> str:
     """The readout as `python -m analysis.power regime` prints it: the criteria table, then the decision."""
     keys = [
@@ -409,7 +427,7 @@ def readout_markdown(out: dict) -> str:
     for k in keys:
         lines.append(f"| {k} | " + " | ".join(_fmt(out["candidates"][n].get(k, math.nan)) for n in names) + " |")
     for crit in next(iter(out["candidates"].values()))["checks"] if names else []:
-        cells = ["pass" if out["candidates"][n]["checks"][crit] else "FAIL" for n in names]
+        cells = [_cell(out["candidates"][n], crit) for n in names]
         lines.append(f"| criterion {crit} | " + " | ".join(cells) + " |")
     if out.get("ruled_out"):
         lines.append(

@@ -197,6 +197,36 @@ def test_a_candidate_is_ruled_out_once_its_hard_runs_fail_a_hard_only_criterion(
     assert out["ruled_out"] == [] and out["checks"]["reach"] and not out["checks"]["complete"]
 
 
+def test_hard_only_criteria_do_not_move_with_the_other_arms():
+    """What makes amendment 1 sound: with the hard runs fixed, no nsr or widen_small runs (none, good, bad, running)
+    change the four criteria it rules out on; they do change widening_not_protective."""
+    regime = P.load_regime()
+    hard = [_hard_run(s, deep=False) for s in range(5)] + [_hard_run(9, deep=True, done=False)]
+    g = np.random.default_rng(0)
+    seen, widening = set(), set()
+    for trial in range(6):
+        others = []
+        for arm in ("nsr", "widen_small")[: trial % 3]:
+            for seed in range(5):
+                # values that would fail each hard-only criterion if it read this run: deep bins, no clipping,
+                # every update grad-clipped, a step-0 accuracy above the late one
+                r = _hard_run(seed, deep=True, done=bool(g.integers(4)))
+                r.arm, r.late_pass1, r.reward_auc = arm, float(g.uniform(0, 1)), float(g.uniform(0, 1))
+                r.clip_frac, r.grad_clip_steps, r.pass1_step0 = 0.0, 400.0, 0.99
+                others.append(r)
+        out = P.candidate_readout(hard + others, regime, "tight", expected=15, expected_hard=5)
+        seen.add(tuple(out["checks"][c] for c in P.HARD_ONLY_CRITERIA))
+        widening.add(out["checks"]["widening_not_protective"])
+    assert seen == {(True, True, True, True)} and widening == {True, False}
+
+
+def test_without_a_sweep_a_candidate_waits_for_every_preregistered_seed():
+    """No expected count given: 2 done hard runs of 5 seeds do not rule a candidate out (not "the folders that
+    exist")."""
+    out = P.candidate_readout([_hard_run(s, deep=True) for s in range(2)], P.load_regime(), "tight")
+    assert not out["checks"]["reach"] and out["ruled_out"] == []
+
+
 def test_a_ruled_out_candidate_is_not_waited_for(monkeypatch, capsys):
     regime = P.load_regime()
     failing = {"qualifies": False, "dose_per_token": 0.01, "spread": 0.03, "checks": {"complete": False}}
@@ -212,6 +242,21 @@ def test_a_ruled_out_candidate_is_not_waited_for(monkeypatch, capsys):
     P.print_readout(out)
     text = capsys.readouterr().out
     assert "d128 (reach, clip)" in text and "chosen regime: none qualifies (stage B is not run)" in text
+    # one complete candidate that meets every criterion among ruled-out ones is chosen
+    readouts["d128"] = {"qualifies": True, "dose_per_token": 0.001, "spread": 0.02, "checks": {"complete": True}}
+    readouts["d128"]["ruled_out"] = []
+    out = P.regime_readout("/nonexistent-stage-a")
+    assert out["pending"] == [] and out["chosen"] == "d128"
+
+
+def test_a_criterion_without_runs_reads_na_not_fail():
+    regime = P.load_regime()
+    out = P.candidate_readout([_hard_run(s, deep=True) for s in range(5)], regime, "tight", 15, 5)
+    cells = {c: P._cell(out, c) for c in out["checks"]}
+    assert cells == {
+        "reach": "FAIL", "clip": "pass", "widening_not_protective": "n/a", "not_saturated": "pass",
+        "grad_clip_rare": "pass", "complete": "FAIL",
+    }  # fmt: skip
 
 
 def test_only_hard_only_criteria_may_rule_a_candidate_out(tmp_path):
@@ -275,5 +320,5 @@ def test_make_all_writes_the_stage_a_readout(tmp_path, capsys):
     expected = P.readout_markdown(P.regime_readout(tmp_path / "runs"))
     assert text.endswith(expected) and "| done | 5 | 0 | 0 | 0 | 0 |" in text and "| criterion reach |" in text
     # the synthetic hard runs fail a hard-only criterion, so u16 is ruled out (not pending) by its hard runs alone
-    assert "ruled out on their done hard runs" in text and "u16 (" in text
+    assert "ruled out on their done hard runs" in text and "u16 (reach" in text
     assert "stage A readout (tables/stage_a.md): incomplete (u16_gc, tight, d128, u16_gc_d05 pending)" in printed
