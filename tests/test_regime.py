@@ -153,7 +153,7 @@ def test_dose_matched_width_of_a_one_bin_histogram():
 def test_readout_of_an_empty_folder_chooses_nothing(tmp_path, capsys):
     assert P.main(["regime", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "stage A incomplete: u16, u16_gc, tight, d128, u16_gc_d05 not done" in out and "chosen regime" not in out
+    assert "stage A incomplete: u16, u16_gc, tight, d128, u16_gc_d05, c4_u16_gc not done" in out and "chosen regime" not in out
 
 
 def test_no_regime_is_chosen_while_a_candidate_is_pending(monkeypatch):
@@ -162,7 +162,7 @@ def test_no_regime_is_chosen_while_a_candidate_is_pending(monkeypatch):
     passing = {"qualifies": True, "dose_per_token": 0.01, "spread": 0.03, "checks": {"complete": True}}
     pending = {"qualifies": False, "dose_per_token": math.nan, "spread": math.nan, "checks": {"complete": False}}
     readouts = {"u16": passing, "u16_gc": pending, "tight": dict(passing, qualifies=False), "d128": dict(passing)}
-    readouts["u16_gc_d05"] = dict(passing, qualifies=False)
+    readouts["u16_gc_d05"] = readouts["c4_u16_gc"] = dict(passing, qualifies=False)
     monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
     monkeypatch.setattr(P, "load_regime", lambda path=None: regime)
     out = P.regime_readout("/nonexistent-stage-a")
@@ -230,7 +230,7 @@ def test_without_a_sweep_a_candidate_waits_for_every_preregistered_seed():
 def test_a_ruled_out_candidate_is_not_waited_for(monkeypatch, capsys):
     regime = P.load_regime()
     failing = {"qualifies": False, "dose_per_token": 0.01, "spread": 0.03, "checks": {"complete": False}}
-    readouts = {k: dict(failing, ruled_out=["reach"]) for k in ("u16", "u16_gc", "tight", "u16_gc_d05")}
+    readouts = {k: dict(failing, ruled_out=["reach"]) for k in ("u16", "u16_gc", "tight", "u16_gc_d05", "c4_u16_gc")}
     readouts["d128"] = dict(failing, ruled_out=[])  # hard runs not all done yet
     monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
     monkeypatch.setattr(P, "load_regime", lambda path=None: regime)
@@ -318,7 +318,7 @@ def test_make_all_writes_the_stage_a_readout(tmp_path, capsys):
     printed = capsys.readouterr().out
     text = (tmp_path / "out" / "tables" / "stage_a.md").read_text()
     expected = P.readout_markdown(P.regime_readout(tmp_path / "runs"))
-    assert text.endswith(expected) and "| done | 5 | 0 | 0 | 0 | 0 |" in text and "| criterion reach |" in text
+    assert text.endswith(expected) and "| done | 5 | 0 | 0 | 0 | 0 | 0 |" in text and "| criterion reach |" in text
     # the synthetic hard runs fail a hard-only criterion, so u16 is ruled out (not pending) by its hard runs alone
     assert "ruled out on their done hard runs" in text and "u16 (reach" in text
-    assert "stage A readout (tables/stage_a.md): incomplete (u16_gc, tight, d128, u16_gc_d05 pending)" in printed
+    assert "stage A readout (tables/stage_a.md): incomplete (u16_gc, tight, d128, u16_gc_d05, c4_u16_gc pending)" in printed

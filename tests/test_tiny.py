@@ -3,6 +3,8 @@
 Runs use the real ``sweeps/presets/tiny-smoke.yaml`` (30 RL steps) with a per-session warm-start cache.
 """
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -255,6 +257,21 @@ def test_warm_start_is_built_once_by_concurrent_jobs(tmp_path):
     files = sorted(p.name for p in (tmp_path / "sft").iterdir())
     assert files == [f"{infos[0]['key']}.lock", f"{infos[0]['key']}.pt"]  # no temp file left behind
     assert torch.load(Path(infos[0]["path"]), weights_only=True)["info"]["key"] == infos[0]["key"]
+
+
+def test_warm_start_eval_is_the_step0_eval_of_a_run(hard_run):
+    """`python -m experiments.tiny.sft CONFIG --eval` prints the held-out accuracy an RL run logs at step 0."""
+    from experiments.tiny.sft import main
+
+    cfg_path = Path(hard_run.path) / "config.yaml"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([str(cfg_path), "--eval"]) == 0
+    printed = json.loads(out.getvalue())["eval"]
+    rows = read_jsonl(hard_run.eval_path)
+    for decoding in ("greedy", "sampled"):
+        step0 = [r["correct"] for r in rows if r["step"] == 0 and r["decoding"] == decoding]
+        assert step0 and printed[decoding] == pytest.approx(sum(step0) / len(step0))
 
 
 def test_demo_figure_from_two_runs(nsr_run, hard_run, tmp_path):

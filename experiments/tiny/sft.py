@@ -5,6 +5,8 @@ Every RL run (any rule, any seed) of the same model/sft/task starts from the sam
 atomically (temp file + os.replace) under a file lock, so two jobs that need it at once build it once.
 
     python -m experiments.tiny.sft sweeps/presets/tiny.yaml      # build (or show) the warm start of a preset
+    python -m experiments.tiny.sft sweeps/presets/tiny-regime.yaml task.name=countdown4 rollout.max_new_tokens=10 \
+        sft.steps=1600 --eval                                     # ... and its held-out accuracy (eval section)
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     from experiments.config import ConfigError, load_config
 
     argv = sys.argv[1:] if argv is None else argv
+    do_eval = "--eval" in argv
+    argv = [a for a in argv if a != "--eval"]
     if not argv:
         print(__doc__)
         return 2
@@ -114,8 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _, info = warm_start(cfg, progress=True)
-    print(json.dumps({"path": str(sft_path(cfg)), **info}, indent=1))
+    state, info = warm_start(cfg, progress=True)
+    out = {"path": str(sft_path(cfg)), **info}
+    if do_eval:  # held-out accuracy of the warm start, as an RL run's step-0 eval computes it
+        from experiments.tiny.evaluate import evaluate, summary
+
+        model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
+        model.load_state_dict(state)
+        model.eval()
+        out["eval"] = summary(evaluate(model, get_task(cfg.task.name), cfg, 0))
+    print(json.dumps(out, indent=1))
     return 0
 
 
