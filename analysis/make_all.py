@@ -261,7 +261,10 @@ def make_all(
         t = tables.sweep_tables(summary, sweep)
         files.append(write_text(tab(f"{sweep}.md"), t["md"], out))
         files.append(write_text(tab(f"{sweep}.tex"), t["tex"], out))
-        csv = summary[summary["sweep"] == sweep].drop(columns=["point"]).to_csv(index=False, float_format="%.6g")
+        rows = summary[summary["sweep"] == sweep].drop(columns=["point"])
+        # per-benchmark columns (pass@k[bench], greedy[bench]) of benchmarks no run of this sweep evaluates on
+        rows = rows.drop(columns=[c for c in rows.columns if c.endswith("]") and rows[c].isna().all()])
+        csv = rows.to_csv(index=False, float_format="%.6g")
         files.append(write_text(tab(f"{sweep}_runs.csv"), csv, out))
         files += figures.dynamics(rs, summary, curves, sweep, fig(f"{sweep}_dynamics"), formats)
     main = tables.main_table(summary, rs.runs, tables.load_paper())

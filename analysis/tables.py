@@ -348,7 +348,7 @@ def _ours_main(s: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
             continue
         for col in gg.columns:
             match = re.fullmatch(r"(pass@\d+)\[(.+)\]", col)
-            if match is None:
+            if match is None or gg[col].isna().all():  # a benchmark only other sweeps' runs evaluate on
                 continue
             metric, bench = match.groups()
             r = compare(gg, nsr_labels[0], base_labels[0], col)

@@ -316,6 +316,9 @@ def test_main_table_puts_paper_and_ours_side_by_side(tmp_path):
     assert cells[4:7] == ["35.83", "40.76", "4.93"]
     assert cells[7] == f"{100 * 5 / 24:.2f}" and cells[8] == f"{100 * 10 / 24:.2f}" and cells[10] == "3"
     assert cells[9].startswith(f"{tables.fmt(100 * 5 / 24)}*")
+    # a benchmark only other sweeps' runs evaluate on (a column of NaN here) gives no row
+    other = tables.main_table(s.assign(**{"pass@1[countdown4]": np.nan}), runs, paper)["md"]
+    assert "countdown4" not in other and other == md
     with pytest.raises(ValueError, match="missing column"):
         bad = tmp_path / "p.csv"
         bad.write_text("model,metric\nx,pass@1\n")
