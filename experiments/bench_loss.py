@@ -227,9 +227,7 @@ def format_table(result: dict) -> str:
 def measure_tiny_step(args) -> dict:
     """Alternating RL steps of a hard run and an nsr run from the same warm start and seed; per-step times."""
     from experiments.config import load_config
-    from experiments.tiny.model import build_model
-    from experiments.tiny.rng import generator
-    from experiments.tiny.sft import warm_start
+    from experiments.tiny.sft import warm_policy
     from experiments.tiny.task import get_task
     from experiments.tiny.train import rl_step
 
@@ -239,9 +237,7 @@ def measure_tiny_step(args) -> dict:
     for rule in ("hard", "nsr"):
         overrides = [*args.set, f"loss.rule={rule}", f"seed={args.seed}", "logging.progress=false"]
         cfg = load_config(args.preset, overrides)
-        state, _ = warm_start(cfg)
-        model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
-        model.load_state_dict(state)
+        model = warm_policy(cfg)
         tr = cfg.train
         opt = torch.optim.AdamW(model.parameters(), lr=tr.lr, betas=tr.adam_betas, weight_decay=tr.weight_decay)
         runs[rule] = (cfg, model, opt, get_task(cfg.task.name))

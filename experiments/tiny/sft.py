@@ -104,6 +104,14 @@ def warm_start(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
     return blob["state_dict"], blob["info"]
 
 
+def warm_policy(cfg: RunConfig, progress: bool = False) -> torch.nn.Module:
+    """The policy at the warm start of ``cfg``: the model built as SFT built it, with the cached weights loaded."""
+    state, _ = warm_start(cfg, progress)
+    model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
+    model.load_state_dict(state)
+    return model
+
+
 def main(argv: list[str] | None = None) -> int:
     from experiments.config import ConfigError, load_config
 
@@ -118,15 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    state, info = warm_start(cfg, progress=True)
+    _, info = warm_start(cfg, progress=True)
     out = {"path": str(sft_path(cfg)), **info}
     if do_eval:  # held-out accuracy of the warm start, as an RL run's step-0 eval computes it
         from experiments.tiny.evaluate import evaluate, summary
 
-        model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
-        model.load_state_dict(state)
-        model.eval()
-        out["eval"] = summary(evaluate(model, get_task(cfg.task.name), cfg, 0))
+        out["eval"] = summary(evaluate(warm_policy(cfg).eval(), get_task(cfg.task.name), cfg, 0))
     print(json.dumps(out, indent=1))
     return 0
 

@@ -32,10 +32,10 @@ from experiments.rundir import RunDir, atomic_path
 from experiments.tiny import set_threads
 from experiments.tiny.dgg import GradientGate, lm_head_grad_norm
 from experiments.tiny.evaluate import evaluate, summary
-from experiments.tiny.model import build_model, generate, logprobs, response_mask
+from experiments.tiny.model import generate, logprobs, response_mask
 from experiments.tiny.rewards import train_rewards
 from experiments.tiny.rng import generator
-from experiments.tiny.sft import sft_key, warm_start
+from experiments.tiny.sft import sft_key, warm_policy
 from experiments.tiny.task import Task, get_task
 
 _MEAN_KEYS = nsr.METRIC_KEYS[:6]  # clip_frac_low ... ratio_mean: averaged over updates (then ratio min/max, kl)
@@ -208,9 +208,7 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
     set_threads()
     progress = progress and cfg.logging.progress
     task = get_task(cfg.task.name)
-    state, _ = warm_start(cfg, progress=progress)
-    model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
-    model.load_state_dict(state)
+    model = warm_policy(cfg, progress=progress)
     ref = None
     if cfg.train.kl_coef > 0:
         ref = copy.deepcopy(model).eval().requires_grad_(False)
