@@ -8,12 +8,14 @@ lives in ``nsr.openrlhf`` and is imported only on demand.
 from nsr import related  # noqa: F401  (registers gppo, ce_gppo, dcpo, clip_cov, kl_cov, dppo_tv in RULES)
 from nsr.advantages import ADVANTAGES, compute_advantages
 from nsr.config import AdvantageConfig, LossConfig
-from nsr.objectives import METRIC_KEYS, RULES, aggregate, policy_loss
+from nsr.objectives import LOG_RATIO_CLAMP, METRIC_KEYS, METRIC_REDUCE, RULES, aggregate, policy_loss
 from nsr.theory import expected_weight
 
 __all__ = [
     "ADVANTAGES",
+    "LOG_RATIO_CLAMP",
     "METRIC_KEYS",
+    "METRIC_REDUCE",
     "RULES",
     "AdvantageConfig",
     "LossConfig",

@@ -51,6 +51,33 @@ METRIC_KEYS = (
     "ratio_max",
     "approx_kl",
 )
+"""Every metric :func:`policy_loss` returns, each a 0-dim tensor over one call (one minibatch)."""
+
+METRIC_REDUCE = {
+    "clip_frac_low": "mean",
+    "clip_frac_high": "mean",
+    "clip_frac": "mean",
+    "rescue_frac": "mean",
+    "pushout_frac": "mean",
+    "ratio_mean": "mean",
+    "ratio_min": "min",
+    "ratio_max": "max",
+    "approx_kl": "mean",
+}
+"""How each of :data:`METRIC_KEYS` combines over the calls of a step (updates, micro-batches, ranks): ``mean`` of the
+per-call values, or the ``min`` / ``max`` of them. Trainers reduce by this table, never by a key's position."""
+assert tuple(METRIC_REDUCE) == METRIC_KEYS
+
+
+def reduce_metric(key: str, values) -> float:
+    """Combine the per-call values of metric ``key`` (floats) as :data:`METRIC_REDUCE` says."""
+    values = list(values)
+    how = METRIC_REDUCE[key]
+    if how == "min":
+        return min(values)
+    if how == "max":
+        return max(values)
+    return sum(values) / len(values)
 
 
 class RuleInput(NamedTuple):

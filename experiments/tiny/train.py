@@ -38,7 +38,9 @@ from experiments.tiny.rng import generator
 from experiments.tiny.sft import sft_key, warm_policy
 from experiments.tiny.task import Task, get_task
 
-_MEAN_KEYS = nsr.METRIC_KEYS[:6]  # clip_frac_low ... ratio_mean: averaged over updates (then ratio min/max, kl)
+LOSS_METRICS = {"approx_kl": "ppo_kl"}
+_LOSS_ORDER = ("approx_kl", *(k for k in nsr.METRIC_KEYS if k != "approx_kl"))  # the order metrics.jsonl has
+"""metrics.jsonl names of ``nsr.policy_loss``'s metrics where they differ (ppo_kl, as OpenRLHF logs it)."""
 
 
 def rl_step(
@@ -78,7 +80,7 @@ def rl_step(
     n = len(ids)
     bins = RatioBins(cfg.loss) if cfg.loss.level == "token" else None
     acc: dict[str, float] = {}
-    ratio_min, ratio_max = float("inf"), float("-inf")
+    per_update: dict[str, list[float]] = {k: [] for k in nsr.METRIC_KEYS}  # reduced by nsr.METRIC_REDUCE
     update = 0
     for _ in range(tr.epochs):
         for mb in torch.randperm(n, generator=g_shuffle).chunk(tr.minibatches):
@@ -87,7 +89,8 @@ def rl_step(
             loss_tok, met = nsr.policy_loss(logp, old_logp[mb], adv[mb], m, cfg.loss, generator=g_loss)
             if bins is not None:  # token level: the token ratios, for the bins and ratio_out_frac
                 with torch.no_grad():
-                    r = torch.exp((logp.detach() - old_logp[mb]).clamp(-20, 20))
+                    lim = nsr.LOG_RATIO_CLAMP
+                    r = torch.exp((logp.detach() - old_logp[mb]).clamp(-lim, lim))
                 bins.add(loss_tok, logp, r, adv[mb], m)
             pg_loss = nsr.aggregate(loss_tok, m, tr.agg_mode)
             loss = pg_loss
@@ -116,10 +119,8 @@ def rl_step(
             _add(acc, "policy_loss", pg_loss.item())
             _add(acc, "grad_norm", grad_norm.item())
             _add(acc, "grad_clipped_frac", float(grad_norm.item() > tr.grad_clip))  # share of updates grad-clipped
-            _add(acc, "ppo_kl", met["approx_kl"].item())
-            for k in _MEAN_KEYS:
-                _add(acc, k, met[k].item())
-            ratio_min, ratio_max = min(ratio_min, met["ratio_min"].item()), max(ratio_max, met["ratio_max"].item())
+            for k in nsr.METRIC_KEYS:
+                per_update[k].append(met[k].item())
     updates = tr.epochs * tr.minibatches
     if gate is not None:
         acc["dgg_gated"] *= updates  # a count per step, not a mean
@@ -131,8 +132,7 @@ def rl_step(
         "entropy": (ent[mask].mean()).item(),
         "response_len": mask.sum(-1).float().mean().item(),
         **{k: v / updates for k, v in acc.items()},
-        "ratio_min": ratio_min,
-        "ratio_max": ratio_max,
+        **{LOSS_METRICS.get(k, k): nsr.objectives.reduce_metric(k, per_update[k]) for k in _LOSS_ORDER},
         "adv_abs_mean": adv.abs().mean().item(),
         "mixed_group_frac": (grouped.max(1).values != grouped.min(1).values).float().mean().item(),
         "distinct_frac": distinct,
