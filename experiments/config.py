@@ -2,8 +2,9 @@
 
 YAML in and out; ``key=value`` overrides (``seed=3``, ``loss.rule=nsr``, ``train.lr=1e-4``) are checked against
 the field types; every check runs at construction, before any work starts, and names the key, the file and the
-allowed values. A run's id is a readable name plus 8 hex of the sha256 of the canonical JSON of its fields
-(``logging`` excluded: it does not change a number), so a new commit does not rename runs.
+allowed values. A run's id is a readable name plus 8 hex of the sha256 of the canonical JSON of the fields its
+outputs depend on (:data:`IDENTITY`, per backend), so a new commit, or a new field of another backend, does not rename
+runs.
 
     from experiments.config import load_config
     cfg = load_config("sweeps/presets/tiny.yaml", ["loss.rule=nsr", "seed=1"])
@@ -375,22 +376,77 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(self)
 
-    def hash_dict(self) -> dict[str, Any]:
-        """The fields that enter the run id (all but ``logging``)."""
-        d = self.to_dict()
-        d.pop("logging")
-        return d
+    def identity(self) -> dict[str, Any]:
+        """The fields this run's outputs depend on (:data:`IDENTITY`), as a nested dict: what the run id hashes."""
+        return project(self.to_dict(), IDENTITY[self.backend])
 
     def run_hash(self) -> str:
-        """8 hex of sha256 over the canonical sorted JSON of :meth:`hash_dict`."""
-        blob = json.dumps(self.hash_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:8]
+        """8 hex of sha256 over the canonical sorted JSON of :meth:`identity`."""
+        return _sha8(self.identity())
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+IDENTITY_SCHEME = 2
+"""Version of the identity rule, recorded in each run's config.yaml (``meta.identity``). Scheme 1 (runs made before
+2026-12-03) hashed every field but ``logging``; :func:`scheme1_hash` recomputes it, only to tell whether such a folder
+was made by older code (``legacy``)."""
+
+_METHOD = ("backend", "seed", "rollout", "train", "loss", "advantages", "reward", "eval")
+IDENTITY: dict[str, tuple[str, ...]] = {
+    "tiny": (*_METHOD, "model", "sft", "task.name", "logging.keep_checkpoint"),
+    "trl": (*_METHOD, "model", "sft", "task", "trl", "logging.checkpoint_every", "logging.keep_checkpoint"),
+    "openrlhf": (*_METHOD, "model.name", "task", "openrlhf", "logging.keep_checkpoint"),
+}
+"""Per backend, the dotted fields (a section stands for all its fields) that a run's outputs depend on: its numbers,
+its evaluation, and the files it leaves (``logging.keep_checkpoint`` keeps the final checkpoint; the trl backend keeps
+every ``checkpoint_every`` checkpoint). Left out: other backends' sections, fields the backend never reads (tiny:
+task.train_data and the other openrlhf task fields; openrlhf: the tiny model's sizes and the warm start), the progress
+bar, and ``train.allow_on_policy`` (a guard at construction; no trainer reads it). The sections of the method
+(``loss``, ``advantages``) enter whole: a rule's parameters are part of its config even where the rule ignores one
+(the hard rule at delta 0.5 is its own config, with the numbers of delta 0.2). tests/test_identity.py checks, on the
+tiny backend, that no field outside this table is read during a run and that changing every one of them leaves the
+outputs byte-identical."""
+_NOT_READ = ("train.allow_on_policy",)
+NEUTRAL = ("logging.checkpoint_every", "logging.progress")
+"""Fields a tiny run reads that change none of its outputs: when it checkpoints (a resumed run ends with exactly the
+rows of an uninterrupted one, and the last checkpoint is removed unless kept) and the progress bar."""
+
+
+def project(data: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """The nested dict ``data`` cut down to ``fields`` (dotted; a section keeps all of its keys), minus
+    :data:`_NOT_READ`."""
+    out: dict[str, Any] = {}
+    for dotted in fields:
+        path = dotted.split(".")
+        node = data
+        for p in path:
+            node = node[p]
+        dst = out
+        for p in path[:-1]:
+            dst = dst.setdefault(p, {})
+        dst[path[-1]] = json.loads(json.dumps(node))
+    for dotted in _NOT_READ:
+        section, _, leaf = dotted.rpartition(".")
+        if isinstance(out.get(section), dict):
+            out[section].pop(leaf, None)
+    return out
+
+
+def _sha8(data) -> str:
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
+def scheme1_hash(cfg: RunConfig) -> str:
+    """The run hash of identity scheme 1 (every field but ``logging``), as the runs made before scheme 2 recorded it."""
+    d = cfg.to_dict()
+    d.pop("logging")
+    return _sha8(d)
 
 
 def _check_tiny_sizes(cfg: RunConfig) -> None:

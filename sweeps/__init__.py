@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import ConfigError, RunConfig, apply_overrides, from_dict, read_yaml, split_meta
+from experiments.rundir import RUNS_ROOT, RunDir, RunFolderError
 
 SWEEPS_DIR = Path(__file__).resolve().parent
 PRESETS_DIR = SWEEPS_DIR / "presets"
@@ -407,23 +408,41 @@ def _check_unique(path: Path, runs: list[RunSpec]) -> None:
         by_id[r.run_id], by_hash[h] = r, r
 
 
+def _folder_identity(sweep_name: str, run_id: str) -> str | None:
+    """The identity of the committed folder ``results/runs/<sweep>/<run_id>`` if there is one: its id may have been
+    made under an earlier identity rule, and it names the run of its config."""
+    folder = RUNS_ROOT / sweep_name / run_id
+    if not (folder / "config.yaml").is_file() or not _NAME.fullmatch(run_id):
+        return None
+    try:
+        return RunDir(folder).config_hash()
+    except RunFolderError:
+        return None
+
+
 def resolve_run(sweep: str | Path, run_id: str, preset: str | None = None, presets_dir: Path | None = None) -> RunSpec:
     """The RunSpec of ``run_id`` in a sweep, exactly as :func:`expand` makes it; SweepError if it is not there.
 
     Without ``preset``, the sweep's own preset is tried first, then every preset file (a run id ends in its config
-    hash, so an id from a ``--preset tiny`` grid resolves without naming the preset).
+    hash, so an id from a ``--preset tiny`` grid resolves without naming the preset). The id of a folder made under
+    an earlier identity rule (``results/runs/<sweep>/<id>/``) resolves to the run of its config.
     """
     runs = expand(sweep, preset=preset, presets_dir=presets_dir)
-    for r in runs:
-        if r.run_id == run_id:
-            return r
+    identity = _folder_identity(runs[0].sweep, run_id) if runs else None
+
+    def match(specs):
+        return [r for r in specs if r.run_id == run_id or (identity and r.config.run_hash() == identity)]
+
+    found = match(runs)
+    if found:
+        return found[0]
     if preset is None:
         tried = {r.meta["preset"] for r in runs}
         for other in available(Path(presets_dir) if presets_dir else PRESETS_DIR):
             if other in tried:
                 continue
             try:
-                found = [r for r in expand(sweep, preset=other, presets_dir=presets_dir) if r.run_id == run_id]
+                found = match(expand(sweep, preset=other, presets_dir=presets_dir))
             except SweepError:
                 continue
             if found:

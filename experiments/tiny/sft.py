@@ -1,4 +1,4 @@
-"""Supervised warm start of the tiny policy, cached by the hash of its config (model + sft + task sections).
+"""Supervised warm start of the tiny policy, cached by the hash of what it depends on (model + sft sections, task name).
 
 Every RL run (any rule, any seed) of the same model/sft/task starts from the same cached checkpoint,
 ``<cache>/sft/<key>.pt`` with ``<cache>`` = $NSR_CACHE_DIR or ``cache/`` at the repo root. The file is written
@@ -11,6 +11,7 @@ atomically (temp file + os.replace) under a file lock, so two jobs that need it 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -40,8 +41,10 @@ def cache_dir() -> Path:
 
 
 def sft_sections(cfg: RunConfig) -> dict:
-    d = cfg.to_dict()
-    return {"version": SFT_VERSION, "model": d["model"], "sft": d["sft"], "task": d["task"]}
+    """What the warm start depends on: the model and sft sections and the task's name."""
+    d = {"model": cfg.model, "sft": cfg.sft}
+    plain = {k: {f.name: getattr(v, f.name) for f in dataclasses.fields(v)} for k, v in d.items()}
+    return {"version": SFT_VERSION, **plain, "task": {"name": cfg.task.name}}
 
 
 def sft_key(cfg: RunConfig) -> str:

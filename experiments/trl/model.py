@@ -2,9 +2,9 @@
 
 ``tiny-qwen2`` is a transformers ``Qwen2ForCausalLM`` at toy size built in code (no hub), on the tiny testbed's
 16-token vocabulary (experiments/tiny/task.py), so the testbed's SFT warm start (experiments/tiny/sft.py, cached by
-the hash of the model + sft + task sections) trains it unchanged: importing this module registers the builder in
-the testbed's model registry. The tokenizer maps each character to the testbed's token id and EOS to 15 (also the
-pad token), so TRL's prompts, completions and masks are the testbed's.
+the hash of the model and sft sections and the task name) trains it unchanged: importing this module registers the
+builder in the testbed's model registry. The tokenizer maps each character to the testbed's token id and EOS to 15
+(also the pad token), so TRL's prompts, completions and masks are the testbed's.
 """
 
 from __future__ import annotations
