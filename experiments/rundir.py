@@ -329,6 +329,16 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, yaml.safe_dump(data, sort_keys=False))
 
+    def update_meta(self, **entries) -> None:
+        """Set ``meta`` entries of config.yaml (what a backend learns once it runs, e.g. the warm start's hash);
+        written atomically. RunFolderError if there is no config.yaml."""
+        data = self.read_config()
+        if data is None:
+            raise RunFolderError(f"{self.config_path}: no config.yaml to record {', '.join(entries)} in")
+        meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+        data["meta"] = {**meta, **entries}
+        atomic_write_text(self.config_path, yaml.safe_dump(data, sort_keys=False))
+
     def read_config(self) -> dict | None:
         """config.yaml as a mapping (None if there is none); RunFolderError if it cannot be read."""
         if not self.config_path.exists():

@@ -35,7 +35,7 @@ from experiments.tiny.evaluate import evaluate, summary
 from experiments.tiny.model import generate, logprobs, response_mask
 from experiments.tiny.rewards import train_rewards
 from experiments.tiny.rng import generator
-from experiments.tiny.sft import sft_key, warm_policy
+from experiments.tiny.sft import check_resume_weights, record_warm_start, sft_key, warm_policy
 from experiments.tiny.task import Task, get_task
 
 LOSS_METRICS = {"approx_kl": "ppo_kl"}
@@ -190,8 +190,9 @@ def _add(acc: dict, key: str, value: float) -> None:
     acc[key] = acc.get(key, 0.0) + value
 
 
-def _save_checkpoint(rd: RunDir, step: int, model, opt, cfg: RunConfig, gate: GradientGate | None) -> None:
+def _save_checkpoint(rd: RunDir, step: int, model, opt, cfg: RunConfig, gate: GradientGate | None, ws: str) -> None:
     state = {"step": step, "run_hash": cfg.run_hash(), "model": model.state_dict(), "optimizer": opt.state_dict()}
+    state["warm_start"] = ws  # the sha256 of the weights the run started from
     if gate is not None:
         state["dgg"] = gate.state_dict()
     with atomic_path(rd.checkpoint_path) as tmp:
@@ -208,7 +209,9 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
     set_threads()
     progress = progress and cfg.logging.progress
     task = get_task(cfg.task.name)
-    model = warm_policy(cfg, progress=progress)
+    model, info = warm_policy(cfg, progress=progress, with_info=True)
+    if rd.config_path.exists():  # experiments.run wrote it; a bare train() into a folder records nothing
+        record_warm_start(rd, cfg, info)
     ref = None
     if cfg.train.kl_coef > 0:
         ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -221,6 +224,7 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
         ck = torch.load(rd.checkpoint_path, weights_only=True)
         if ck["run_hash"] != cfg.run_hash():
             raise RuntimeError(f"{rd.checkpoint_path} belongs to run {ck['run_hash']}, not {cfg.run_hash()}")
+        check_resume_weights(ck.get("warm_start"), info, rd.path)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         if gate is not None:
@@ -252,7 +256,7 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
             post.update({f"eval_{k}": f"{v:.2f}" for k, v in summary(rows).items()})
         every = cfg.logging.checkpoint_every
         if (every and step % every == 0 and step < tr.steps) or (step == tr.steps and cfg.logging.keep_checkpoint):
-            _save_checkpoint(rd, step, model, opt, cfg, gate)
+            _save_checkpoint(rd, step, model, opt, cfg, gate, info["sha256"])
         bar.set_postfix(post, refresh=False)
         bar.update(1)
     bar.close()
