@@ -21,10 +21,12 @@ Format (every key but ``arms`` or ``grid`` optional; dotted keys are RunConfig f
       hard: {loss.rule: hard}
       nsr: {loss.rule: nsr, grid: {loss.delta: [0.05, 0.2]}}
     seeds: [0, 1, 2]             # the preset's `preset: {max_seeds: N}` keeps the first N
+    tie: {sft.seed: seed}        # fields set to each run's seed (one warm start per seed: pairs share it)
     baseline: hard               # the arm the analysis pairs differences against
     status: ready                # default; `template` (placeholder values): --dry-run lists it, nothing runs it
 
-Run = preset < base < arm < (factor bundles, grid values) < seed, in that precedence. A key set by an arm must not
+Run = preset < base < arm < (factor bundles, grid values) < seed (and the fields ``tie`` sets to it), in that
+precedence. A key set by an arm must not
 also be an axis of that arm, and axes must not share keys (the value would be ambiguous); ``seed`` is set only by
 ``seeds``. Without ``arms`` there is one arm, ``default``.
 
@@ -56,7 +58,9 @@ from experiments.rundir import RUNS_ROOT, RunDir, RunFolderError
 
 SWEEPS_DIR = Path(__file__).resolve().parent
 PRESETS_DIR = SWEEPS_DIR / "presets"
-TOP_KEYS = ("name", "description", "preset", "base", "grid", "factors", "arms", "seeds", "baseline", "status")
+TOP_KEYS = ("name", "description", "preset", "base", "grid", "factors", "arms", "seeds", "tie", "baseline", "status")
+TIE_SOURCES = ("seed",)
+"""What a ``tie:`` entry may copy: today only the run's seed (``tie: {sft.seed: seed}``: one warm start per seed)."""
 STATUSES = ("ready", "template")
 """``status:`` of a sweep file: ready (default) runs; template (placeholder values, e.g. a confirmatory grid before
 the stage that sizes it) is listed by ``--dry-run`` but never run (:func:`check_ready`)."""
@@ -99,6 +103,8 @@ class Sweep:
     seeds: tuple[int, ...]
     baseline: str | None
     status: str = "ready"
+    tie: dict[str, str] = field(default_factory=dict)
+    """{dotted key: source}: the key takes each run's value of ``source`` (``seed``)."""
 
 
 # ---------------------------------------------------------------- paths
@@ -294,13 +300,22 @@ def load_sweep(sweep: str | Path) -> Sweep:
     ok = isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
     if not ok or len(set(seeds)) != len(seeds):
         raise SweepError(f"{path}: seeds={seeds!r} is not valid; allowed: a non-empty list of distinct integers")
+    tie = _mapping(path, "tie", data.get("tie"), "a mapping {dotted key: seed}")
+    for k, src in tie.items():
+        _check_key(path, "tie", k)
+        if src not in TIE_SOURCES:
+            raise SweepError(f"{path}: tie.{k}={src!r} is not valid; allowed: {', '.join(TIE_SOURCES)}")
+        setters = [w for w, v in [("base", base), *((f"arms.{a}", sp["set"]) for a, sp in arms.items())] if k in v]
+        setters += [f"arms.{a} (axis)" for a, sp in arms.items() if k in dict(_axis_keys(sp["grid"], sp["factors"]))]
+        if setters:
+            raise SweepError(f"{path}: tie.{k}: {k!r} is also set by {setters[0]}; allowed: set it in one place")
     baseline = data.get("baseline")
     if baseline is not None and baseline not in arms:
         raise SweepError(f"{path}: baseline={baseline!r} is not an arm; allowed: {', '.join(arms)}")
     status = data.get("status", "ready")
     if status not in STATUSES:
         raise SweepError(f"{path}: status={status!r} is not valid; allowed: {', '.join(STATUSES)}")
-    return Sweep(path, name, description, tuple(presets), base, arms, tuple(seeds), baseline, status)
+    return Sweep(path, name, description, tuple(presets), base, arms, tuple(seeds), baseline, status, dict(tie))
 
 
 def check_ready(sweep: str | Path | Sweep) -> None:
@@ -382,7 +397,7 @@ def expand(sweep: str | Path | Sweep, preset: str | None = None, presets_dir: Pa
 
 def _make_run(sw: Sweep, ppath: Path, body: dict, overrides: dict, point: dict, arm: str, seed: int, parts, pname):
     name = "-".join([*parts, f"s{seed}"])
-    overrides = {**overrides, "seed": seed}
+    overrides = {**overrides, "seed": seed, **{k: seed for k in sw.tie}}
     try:
         cfg = from_dict(apply_overrides(body, overrides))
     except ConfigError as e:
