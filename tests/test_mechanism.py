@@ -58,6 +58,7 @@ def test_exact_pass1_is_what_sampling_estimates(cfg, policy):
     se = math.sqrt(max(exact * (1 - exact), 1e-4) / len(prompts))
     assert 0.005 < exact < 0.9
     assert abs(mc - exact) < 4 * se
+    assert M.expected_pass1(policy, M.answer_set(task, ids), dtype=torch.float32) == pytest.approx(exact, abs=1e-5)
 
 
 def test_paired_updates_start_from_the_baseline_state(cfg):
