@@ -102,8 +102,19 @@ HARD_ONLY_CRITERIA = ("reach", "clip", "not_saturated", "grad_clip_rare")
 """The stage-A criteria that read the hard runs only; only these may rule a candidate out early."""
 
 
-def load_regime(path: str | Path = REGIME_FILE) -> dict:
+STAGES = ("a", "a2")
+"""Stages of the evidence plan in analysis/regime.yaml: stage A (the top level), stage A2 (section ``stage_a2``)."""
+
+
+def load_regime(path: str | Path = REGIME_FILE, stage: str = "a") -> dict:
+    """The pre-registered plan of ``stage``: stage A's keys at the top level of the file, A2's in ``stage_a2``
+    (the same keys, with ``sweep`` for stage A's ``stage_a_sweep`` and a ``gate``)."""
+    if stage not in STAGES:
+        raise ValueError(f"stage={stage!r} is not valid; allowed: {', '.join(STAGES)}")
     regime = yaml.safe_load(Path(path).read_text())
+    if stage == "a2":
+        regime = {**regime["stage_a2"], "stage": "a2"}
+        regime["stage_a_sweep"] = regime["sweep"]
     bad = [c for c in (regime.get("rule_out_on_hard") or {}).get("criteria", []) if c not in HARD_ONLY_CRITERIA]
     if bad:
         raise ValueError(

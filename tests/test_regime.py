@@ -49,15 +49,44 @@ def test_judge_executor_sweep_matches_the_collapse_plan():
     assert list(sw.seeds) == je["seeds"] and max(je["sigmas"]) == 0.5
 
 
+def test_stage_a2_sweep_runs_exactly_the_preregistered_candidates():
+    """sweeps/regime_a2.yaml = stage_a2's candidates x arms x seeds, each seed on its own warm start; the seed ranges
+    of the criteria runs, the gate and stage B are disjoint and none holds (sft.seed 0, seed 0), the run that was
+    seen before the plan."""
+    a2 = P.load_regime(stage="a2")
+    runs = expand(a2["sweep"])
+    preset = preset_file(a2["base_preset"])
+    cands, arms = a2["candidates"], a2["arms"]
+    assert len(runs) == len(cands) * len(arms) * len(a2["seeds"])
+    for spec in runs:
+        name, arm = spec.meta["point"]["regime"], spec.meta["arm"]
+        cand = cands[name]
+        seed = spec.meta["seed"]
+        ov = {**cand["overrides"], "loss.delta": cand["delta"], "seed": seed, "sft.seed": seed}
+        ov["loss.rule"] = arms[arm]["loss.rule"]
+        if "widen_by" in arms[arm]:
+            base = load_config(preset, [f"{k}={v}" for k, v in cand["overrides"].items()]).loss
+            ov["loss.eps_low"] = round(base.eps_low + arms[arm]["widen_by"], 6)
+            ov["loss.eps_high"] = round(base.eps_high + arms[arm]["widen_by"], 6)
+        want = load_config(preset, [f"{k}={v}" for k, v in ov.items()])
+        assert spec.config == want, spec.run_id
+    assert sorted({r.meta["seed"] for r in runs}) == a2["seeds"]
+    confirm = {r.config.seed for r in expand("confirm")}
+    ranges = [set(a2["seeds"]), set(a2["gate_seeds"]), confirm]
+    assert all(not (x & y) for i, x in enumerate(ranges) for y in ranges[i + 1 :])
+    assert 0 not in set().union(*ranges) and min(confirm) == 1001
+    assert all(r.config.sft.seed == r.config.seed for r in [*runs, *expand("confirm")])
+
+
 def test_confirm_template_is_sized_by_the_power_calculation():
-    plan, b = REGIME["planning"], REGIME["stage_b"]
+    """Stage B (A2's plan): n pairs at the planning SD, one RL seed and one warm start per pair, four primary arms."""
+    a2 = P.load_regime(stage="a2")
+    plan = a2["planning"]
     n = P.n_paired(plan["prior_sd"], plan["sesoi"], plan["alpha"], plan["power"], plan["contrasts"])
     runs = expand("confirm")
     per_arm = {a: sum(r.meta["arm"] == a for r in runs) for a in ("hard", "nsr", "soft", "widen_dose")}
-    seeds = math.ceil(n / len(b["warm_starts"]))
-    assert set(per_arm.values()) == {seeds * len(b["warm_starts"])}
-    warm = {r.config.sft.seed for r in runs if r.meta["arm"] == "nsr"}
-    assert sorted(warm) == b["warm_starts"]
+    assert set(per_arm.values()) == {n} and len(runs) == 4 * n
+    assert sorted({r.config.seed for r in runs}) == list(range(1001, 1001 + n))
 
 
 def test_the_confirm_template_is_refused_until_filled(tmp_path):
@@ -73,7 +102,7 @@ def test_the_confirm_template_is_refused_until_filled(tmp_path):
     with pytest.raises(SweepError, match="status: template"):
         submit("confirm", preset="tiny-smoke", cluster="local", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
-    assert len(submit("confirm", preset="tiny-smoke", dry_run=True, out_root=tmp_path / "runs").decisions) == 18
+    assert len(submit("confirm", preset="tiny-smoke", dry_run=True, out_root=tmp_path / "runs").decisions) == 4
     run_id = expand("confirm")[0].run_id
     cmd = [sys.executable, "-m", "experiments.run", "--sweep", "confirm", "--run", run_id, "--out", str(tmp_path / "x")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
