@@ -10,6 +10,7 @@ each contrast meets in the worst case (so the power is at least the target).
     python -m analysis.power n --sd 0.028 --effect 0.01 --contrasts 3
     python -m analysis.power mde --sd 0.028 --pairs 128 --contrasts 3
     python -m analysis.power regime results/runs/regime_search   # stage A: criteria, spread, n, dose widening
+    python -m analysis.power regime results/runs/regime_a2 --stage a2   # stage A2: the same and the gate
 
 The stage-A criteria, the planning constants and the dose-matched widening are those of analysis/regime.yaml,
 read at run time; this module only computes them.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,7 +245,12 @@ def _paired(a: list[RunStats], b: list[RunStats], attr: str) -> np.ndarray:
 
 
 def candidate_readout(
-    runs: list[RunStats], regime: dict, name: str, expected: int | None = None, expected_hard: int | None = None
+    runs: list[RunStats],
+    regime: dict,
+    name: str,
+    expected: int | None = None,
+    expected_hard: int | None = None,
+    gate: dict | None = None,
 ) -> dict:
     """Every stage-A criterion, the spread, the dose and the dose-matched widening of one candidate.
 
@@ -291,6 +298,13 @@ def candidate_readout(
 
     n_expected = expected if expected is not None else len(runs)
     checks["complete"] = out["done"] == n_expected and n_expected > 0
+    if "gate" in regime.get("criteria", {}):  # stage A2: the direct gate (analysis.mechanism), see gate_readout
+        gate = gate or {"state": "not run"}
+        out["gate"] = gate
+        for k in ("mean", "lower", "p", "p_holm", "dose", "hard_change"):
+            out[f"gate_{k}"] = gate.get(k, math.nan)
+        checks["gate"] = gate.get("passes") is True
+        checks["complete"] = checks["complete"] and gate["state"] == "complete"
 
     # NaN compares False, so a criterion without data fails
     out["checks"] = checks
@@ -300,6 +314,8 @@ def candidate_readout(
     n_hard = expected_hard if expected_hard is not None else len(regime.get("seeds", []))
     failed = [c for c in (regime.get("rule_out_on_hard") or {}).get("criteria", []) if not checks[c]]
     out["ruled_out"] = failed if n_hard > 0 and len(hard) == n_hard else []
+    if gate is not None and gate.get("passes") is False:  # a decided gate that fails rules the candidate out
+        out["ruled_out"] = [*out["ruled_out"], "gate"]
 
     # dose and dose-matched widening (hard runs only), and the spread of paired differences (means not used)
     cand = regime["candidates"].get(name, {})
@@ -326,11 +342,53 @@ def candidate_readout(
     return out
 
 
-def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, sweep: str | None = None) -> dict:
-    """Stage A over a folder of run folders: per-candidate readouts, the chosen regime and stage B's size."""
-    from experiments.rundir import RunDir, runs_by_hash
+def gate_readout(regime: dict, hard_ruled_out: dict[str, bool], gates_dir: Path) -> dict[str, dict]:
+    """Stage A2's gate for every candidate, from ``gates_dir/<candidate>.jsonl`` (experiments.mechanism --out).
 
-    regime = load_regime(regime_path)
+    Each gets ``state`` (not run / running / complete) and, once complete, analysis.mechanism.gate's numbers.
+    ``passes`` is True / False once decided, else None: Holm across every candidate (a candidate ruled out on its
+    hard runs enters with p = 1) is decided when every gate is complete or its candidate ruled out; before that a
+    complete gate with p < alpha / m passes whatever the others show (Holm's first step), one with p >= alpha fails.
+    """
+    from analysis.mechanism import gate, gate_family, load_states
+
+    g = regime["gate"]
+    expected = int(re.search(r"--states (\d+)", g["command"]).group(1))
+    alpha = regime["planning"]["alpha"]
+    out: dict[str, dict] = {}
+    for name in regime["candidates"]:
+        path = gates_dir / f"{name}.jsonl"
+        states = load_states(path) if path.is_file() else []
+        if len(states) >= expected:
+            out[name] = {"state": "complete", **gate(states, g["rule"])}
+        else:
+            out[name] = {"state": "running" if states else "not run", "states": len(states)}
+    m = len(out)
+    decided = all(v["state"] == "complete" or hard_ruled_out.get(k) for k, v in out.items())
+    if decided:
+        fam = gate_family({k: v if v["state"] == "complete" else None for k, v in out.items()}, alpha)
+        for k, v in out.items():
+            v.update(p_holm=fam[k]["p_holm"], passes=fam[k]["passes"])
+    else:
+        for v in out.values():
+            p = v.get("p", math.nan)
+            v["passes"] = (True if p < alpha / m else False if p >= alpha else None) if math.isfinite(p) else None
+    return out
+
+
+def regime_readout(
+    root: str | Path,
+    regime_path: str | Path = REGIME_FILE,
+    sweep: str | None = None,
+    stage: str = "a",
+    gates_dir: str | Path | None = None,
+) -> dict:
+    """Stage A (or A2) over a folder of run folders: per-candidate readouts, the chosen regime and stage B's size.
+
+    ``gates_dir`` (stage A2): where the gate files are (default results/mechanism/a2 of the repo)."""
+    from experiments.rundir import REPO_ROOT, RunDir, runs_by_hash
+
+    regime = load_regime(regime_path, stage)
     root = Path(root)
     expected: dict[str, int] = {}
     expected_hard: dict[str, int] = {}
@@ -356,6 +414,15 @@ def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, swee
     for name in regime["candidates"]:
         mine = [r for r in runs if r.regime == name]
         cands[name] = candidate_readout(mine, regime, name, expected.get(name, len(mine)), expected_hard.get(name))
+    if "gate" in regime:  # stage A2: the gate's Holm family spans every candidate, so it is read after all of them
+        gates_dir = Path(gates_dir) if gates_dir is not None else REPO_ROOT / "results" / "mechanism" / "a2"
+        hard_out = {k: bool(v["ruled_out"]) for k, v in cands.items()}
+        gates = gate_readout(regime, hard_out, gates_dir)
+        for name in regime["candidates"]:
+            mine = [r for r in runs if r.regime == name]
+            cands[name] = candidate_readout(
+                mine, regime, name, expected.get(name, len(mine)), expected_hard.get(name), gates[name]
+            )
     # the selection compares candidates, so it waits for every one of them: a candidate that is not complete yet
     # is pending, not failed, and no regime is chosen while any is pending. A candidate ruled out on its done hard
     # runs (amendment 1) is not pending: its missing runs cannot make it qualify
@@ -370,7 +437,19 @@ def regime_readout(root: str | Path, regime_path: str | Path = REGIME_FILE, swee
     plan = regime["planning"]
     ruled_out = {k: v["ruled_out"] for k, v in cands.items() if v.get("ruled_out")}
     out = {"candidates": cands, "chosen": chosen, "pending": pending, "ruled_out": ruled_out}
-    if chosen:
+    if chosen and stage == "a2":  # one warm start per pair: n pairs = n RL seeds (1001 ...)
+        spread = cands[chosen]["spread"]
+        sd = max(spread, plan["prior_sd"]) if math.isfinite(spread) else plan["prior_sd"]
+        n = n_paired(sd, plan["sesoi"], plan["alpha"], plan["power"], plan["contrasts"])
+        pairs = min(n, plan["cap_pairs"])
+        out["plan"] = {
+            "planning_sd": sd,
+            "pairs_needed": n,
+            "pairs": pairs,
+            "seeds": f"1001-{1000 + pairs}",
+            "mde_at_pairs": mde(pairs, sd, plan["alpha"], plan["power"], plan["contrasts"]),
+        }
+    elif chosen:
         spread = cands[chosen]["spread"]
         sd = max(spread, plan["prior_sd"]) if math.isfinite(spread) else plan["prior_sd"]
         n = n_paired(sd, plan["sesoi"], plan["alpha"], plan["power"], plan["contrasts"])
@@ -413,6 +492,8 @@ MEASURES = {
 def _cell(cand: dict, crit: str) -> str:
     if cand["checks"][crit]:
         return "pass"
+    if crit == "gate" and cand["gate"].get("passes") is None:
+        return cand["gate"]["state"] if cand["gate"]["state"] != "complete" else "pending (Holm)"
     measured = [cand.get(k, math.nan) for k in MEASURES.get(crit, ())]
     return "n/a" if measured and not any(math.isfinite(v) for v in measured) else "FAIL"
 
@@ -433,6 +514,8 @@ def readout_markdown(out: dict) -> str:
         "dose_per_token",
         "spread",
     ]
+    if any("gate" in c for c in out["candidates"].values()):
+        keys += ["gate_mean", "gate_lower", "gate_p", "gate_p_holm", "gate_dose", "gate_hard_change"]
     names = list(out["candidates"])
     lines = ["| measure | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for k in keys:
@@ -483,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("root", help="e.g. results/runs/regime_search")
     r.add_argument("--regime", default=str(REGIME_FILE))
     r.add_argument("--sweep", default=None, help="sweep whose runs are expected (default: regime.yaml's)")
+    r.add_argument("--stage", default="a", choices=STAGES, help="stage of the plan (a2: section stage_a2)")
+    r.add_argument("--gates", default=None, help="stage a2: folder of the gate files (default results/mechanism/a2)")
     a = p.parse_args(argv)
     try:
         if a.cmd in (None, "table"):
@@ -497,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "mde":
             print(f"{mde(a.pairs, a.sd, a.alpha, a.power, a.contrasts):.5f}")
         else:
-            print_readout(regime_readout(a.root, a.regime, a.sweep))
+            print_readout(regime_readout(a.root, a.regime, a.sweep, a.stage, a.gates))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -353,3 +353,45 @@ def test_make_all_writes_the_stage_a_readout(tmp_path, capsys):
     assert "ruled out on their done hard runs" in text and "u16 (reach" in text
     pending = "u16_gc, tight, d128, u16_gc_d05, c4_u16_gc"
     assert f"stage A readout (tables/stage_a.md): incomplete ({pending} pending)" in printed
+
+
+def _gate_file(path: Path, diffs_per_run: list[float], states_per_run: int = 20) -> None:
+    """A stage-A2 gate file: 8 baseline runs, each state's soft - hard on the training split = its run's value
+    plus a small state-to-state wobble."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, d in enumerate(diffs_per_run):
+        for k in range(states_per_run):
+            x = 0.2 + 0.001 * k
+            wobble = 1e-5 * ((k % 3) - 1)
+            mets = {"hard": {"clip_frac": 0.03, "rescue_frac": 0.0, "dose": 0.0}, "soft": {"clip_frac": 0.03,
+                    "rescue_frac": 0.0, "dose": 0.004}}  # fmt: skip
+            lines.append({"run": i, "step": 20 * (k + 1), "seed": 201 + i, "sft_seed": 201 + i, "before": math.nan,
+                          "after": {"hard": math.nan, "soft": math.nan}, "train_before": x - 1e-4,
+                          "train_after": {"hard": x, "soft": x + d + wobble}, "metrics": mets})  # fmt: skip
+    path.write_text("".join(__import__("json").dumps(r) + "\n" for r in lines))
+
+
+def test_stage_a2_gate_is_holm_across_candidates(tmp_path):
+    """The gate reads each candidate's file: one-sided t over the 8 run means, Holm over all three candidates; it is
+    decided early only where Holm's first step (p < alpha / 3) or the raw p (>= alpha) already decides it."""
+    a2 = P.load_regime(stage="a2")
+    up = [2e-5, 3e-5, 1e-5, 2.5e-5, 1.5e-5, 2e-5, 3e-5, 2.2e-5]  # clearly > 0
+    _gate_file(tmp_path / "tl44.jsonl", up)
+    _gate_file(tmp_path / "tl116.jsonl", [-x for x in up])  # clearly < 0
+    g = P.gate_readout(a2, {}, tmp_path)
+    assert g["tl44"]["state"] == "complete" and g["tl44"]["runs"] == 8 and g["tl44"]["states"] == 160
+    assert g["tl44"]["passes"] is True and g["tl116"]["passes"] is False  # decided before tl116g16's gate
+    assert g["tl116g16"] == {"state": "not run", "states": 0, "passes": None}
+    assert g["tl44"]["mean"] == pytest.approx(np.mean(up), abs=1e-6) and g["tl44"]["lower"] < np.mean(up)
+    assert g["tl44"]["hard_change"] == pytest.approx(1e-4) and g["tl44"]["dose"] == pytest.approx(0.004)
+    weak = [x * 1e-6 + 8e-7 for x in (3, -1, 2, 1, 4, -2, 3, 1)]  # p between alpha / 3 and alpha
+    _gate_file(tmp_path / "tl116g16.jsonl", weak, states_per_run=5)  # incomplete: still running
+    assert P.gate_readout(a2, {}, tmp_path)["tl116g16"]["state"] == "running"
+    _gate_file(tmp_path / "tl116g16.jsonl", weak)
+    g = P.gate_readout(a2, {}, tmp_path)
+    assert 0.05 / 3 < g["tl116g16"]["p"] < 0.05
+    assert g["tl116g16"]["p_holm"] == pytest.approx(min(1.0, 2 * g["tl116g16"]["p"]))  # Holm's second step
+    (tmp_path / "tl116.jsonl").unlink()  # tl116 ruled out on its hard runs: p = 1 in the family
+    g = P.gate_readout(a2, {"tl116": True}, tmp_path)
+    assert g["tl116"]["passes"] is False and g["tl116"]["p_holm"] == 1.0 and g["tl44"]["passes"] is True
