@@ -144,6 +144,8 @@ class RunStats:
     delta: float = math.nan
     bins: dict[str, np.ndarray] = field(default_factory=dict)
     """side ('pos', 'neg') -> (11,) clipped-token counts summed over steps."""
+    warm_start: str = ""
+    """sha256 of the weights the run started from ("" if not recorded); pairs need equal ones (summary.pairs)."""
 
 
 def read_run(path: str | Path, window=(0.5, 1.0)) -> RunStats:
@@ -162,6 +164,7 @@ def read_run(path: str | Path, window=(0.5, 1.0)) -> RunStats:
         int(cfg["seed"]),
         rd.state() == "done",
         delta=float(cfg["loss"]["delta"]),
+        warm_start=str((meta.get("warm_start") or {}).get("sha256", "")),
     )
     metrics, _ = read_rows(rd.metrics_path) if rd.metrics_path.exists() else ([], [])
     if metrics:
@@ -240,8 +243,11 @@ def _mean(xs) -> float:
 
 
 def _paired(a: list[RunStats], b: list[RunStats], attr: str) -> np.ndarray:
-    bb = {r.seed: getattr(r, attr) for r in b}
-    return np.array([getattr(r, attr) - bb[r.seed] for r in a if r.seed in bb], dtype=np.float64)
+    """a - b over the pairs both have: the same seed and the same warm start (analysis.summary.pairs)."""
+    bb = {(r.seed, r.warm_start): getattr(r, attr) for r in b}
+    return np.array(
+        [getattr(r, attr) - bb[(r.seed, r.warm_start)] for r in a if (r.seed, r.warm_start) in bb], dtype=np.float64
+    )
 
 
 def candidate_readout(

@@ -69,3 +69,26 @@ def test_a_run_does_not_resume_from_other_weights(env):
     torch.save({"state_dict": {k: v * 1.001 for k, v in state.items()}, "info": {}}, sft_path(cfg))
     with pytest.raises(RuntimeError, match="started from warm start"):
         run(cfg, out.path, progress=False)
+
+
+def test_the_analysis_pairs_only_runs_from_the_same_weights():
+    """A hard and an nsr run of one seed are a pair only when they started from the same warm start; runs made
+    before the hash was recorded ("") pair with each other only."""
+    import pandas as pd
+
+    from analysis.summary import pairs
+    from analysis.tables import compare
+
+    s = pd.DataFrame(
+        {
+            "label": ["hard"] * 4 + ["nsr"] * 4,
+            "seed": [0, 1, 2, 3] * 2,
+            "warm_start": ["", "aa", "bb", "cc", "", "aa", "bb", "xx"],  # seed 3: nsr started from other weights
+            "legacy": [False] * 8,
+            "pass@1": [0.1, 0.2, 0.3, 0.4, 0.2, 0.25, 0.3, 0.9],
+        }
+    )
+    assert pairs(s)[:2] == [(0, ""), (1, "aa")]
+    r = compare(s, "nsr", "hard", "pass@1")
+    assert r["n"] == 3 and [k[0] for k in r["seeds"]] == [0, 1, 2]
+    assert r["mean"] == pytest.approx((0.1 + 0.05 + 0.0) / 3)  # seed 3's 0.9 - 0.4 is not a pair
