@@ -76,7 +76,8 @@ class NSRGRPOTrainer(GRPOTrainer):
             raise TypeError(f"loss must be nsr.LossConfig, got {type(loss).__name__}")
         if kw.get("args") is not None:  # before any model or data work; TRL's default GRPOConfig is checked below
             _check_args(kw["args"], loss)
-        _check_text_only(kw.get("train_dataset"), kw.get("eval_dataset"), kw.get("processing_class"))
+        model = kw.get("model", args[0] if args else None)
+        _check_text_only(kw.get("train_dataset"), kw.get("eval_dataset"), kw.get("processing_class"), model)
         super().__init__(*args, **kw)
         _check_args(self.args, loss)
         _check_text_only(None, None, self.processing_class, self.model)
