@@ -19,7 +19,8 @@ from nsr.trl import NSRGRPOTrainer  # noqa: E402
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    return trl_tiny.save_models(tmp_path_factory.mktemp("trl-tiny-models"))
+    with trl_tiny.one_thread_frozen_gc():
+        yield trl_tiny.save_models(tmp_path_factory.mktemp("trl-tiny-models"))
 
 
 def grpo_args(tmp_path, **kw) -> GRPOConfig:

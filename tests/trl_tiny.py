@@ -6,6 +6,8 @@ Zen of Python; here read from the standard library's ``this`` module)."""
 from __future__ import annotations
 
 import codecs
+import contextlib
+import gc
 import string
 from functools import lru_cache
 
@@ -108,3 +110,20 @@ def save_models(folder) -> dict[str, str]:
         char_tokenizer().save_pretrained(path)
         paths[name] = str(path)
     return paths
+
+
+@contextlib.contextmanager
+def one_thread_frozen_gc():
+    """For a module of tiny-model TRL runs: one torch thread (two threads cost more than they give at width 16, and
+    far more on a loaded 2-core box) and the objects alive now frozen out of the garbage collector (accelerate calls
+    gc.collect() after every train(), which otherwise walks torch's and transformers' objects each time); both
+    restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        torch.set_num_threads(threads)
