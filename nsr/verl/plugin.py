@@ -21,10 +21,15 @@ Registration reaches every process that builds the actor config: hydra imports t
 ``VERL_USE_EXTERNAL_MODULES=nsr.verl`` (read by ``import verl`` in every process) does the same without ``_target_``.
 Rules added to ``nsr.RULES`` later become modes the same way: :func:`register` walks the registry when called.
 
+Large ratios: ``nsr.policy_loss`` clamps log r at +-``nsr.LOG_RATIO_CLAMP`` (20) as verl's token-level modes
+(vanilla, sapo, cispo) do, so ``nsr:hard`` equals ``vanilla`` at any ratio (tests/test_verl.py pins |log r| = 50).
+verl's gspo clamps its sequence log-ratio at +10 instead; ``nsr:<rule>`` at level sequence keeps the +-20 clamp.
+
 Metrics, under verl's names where the meaning is the same: ``actor/pg_clipfrac`` (tokens the trust region clipped,
-either side), ``actor/ppo_kl`` (mean old - new log-prob), ``actor/pg_clipfrac_lower`` (verl's meaning: the dual-clip
-fraction, A < 0 and r > clip_ratio_c); and every ``nsr.METRIC_KEYS`` value as ``actor/nsr_<key>``. Values are
-detached 0-dim tensors (verl's ``Metric`` turns them into floats when it aggregates).
+either side), ``actor/ppo_kl`` (mean of old - new log-prob, with verl's clamp: +-20 at token level as vanilla,
+unclamped at sequence level as gspo), ``actor/pg_clipfrac_lower`` (verl's meaning: the dual-clip fraction, A < 0 and
+r > clip_ratio_c); and every ``nsr.METRIC_KEYS`` value as ``actor/nsr_<key>`` (``actor/nsr_approx_kl`` unclamped).
+Values are detached 0-dim tensors (verl's ``Metric`` turns them into floats when it aggregates).
 """
 
 from __future__ import annotations
