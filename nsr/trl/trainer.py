@@ -37,7 +37,8 @@ logs, under TRL's name and with TRL's definition and reduction (``kl``, ``entrop
 ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``clip_ratio/low_min``, ``clip_ratio/high_max``: trust-region
 tokens of the ratio, as TRL counts them), and the kit's own: ``nsr/<key>`` for every ``nsr.METRIC_KEYS`` value
 (reduced by ``nsr.METRIC_REDUCE``: means, ``nsr/ratio_min`` the minimum and ``nsr/ratio_max`` the maximum over the
-window), ``nsr/policy_loss`` (the rule's aggregated loss without KL), ``nsr/adv_abs_mean``, ``nsr/mixed_group_frac``.
+window), ``nsr/policy_loss`` (the rule's loss of each micro-batch, without KL), ``nsr/adv_abs_mean``,
+``nsr/mixed_group_frac``.
 """
 
 from __future__ import annotations
@@ -181,13 +182,14 @@ class NSRGRPOTrainer(GRPOTrainer):
                 kl_tok = kl_tok * self._importance_weights(logps, old, mask)
             per_token_loss = per_token_loss + self.beta * kl_tok
         loss, trl_policy_loss = self._aggregate(per_token_loss, mask, num_items, train)
-        rule_loss = self._aggregate(loss_tok, mask, num_items, train)[1] if self.beta != 0.0 else trl_policy_loss
+        rule_loss = loss if self.beta == 0.0 else self._aggregate(loss_tok, mask, num_items, train)[0]
+        rule_loss = rule_loss.detach() * accum  # nsr/policy_loss: the rule's loss of this micro-batch, without KL
         if self._entropy_bonus_enabled:  # TRL's entropy bonus: mean token entropy, scaled for accumulation only
             loss = loss - self.entropy_coef * _masked_mean(entropies, mask) / accum
         if self.aux_loss_enabled:  # TRL's MoE load-balancing loss, scaled for accumulation as the policy loss
             loss = loss + self.router_aux_loss_coef * aux_loss / accum
 
-        # metrics: one gather for all of them, then each reduced over processes as declared in _REDUCE
+        # metrics: one gather for all of them, then each reduced over processes as _reduce declares
         with torch.no_grad():
             coef = self._importance_weights(logps.detach(), old, mask)  # TRL's coef_1
             low = (coef < 1 - self.epsilon_low) & (adv < 0)
