@@ -8,7 +8,7 @@ One grid point of a sweep, exactly as the grid runs it (see sweeps/):
 Cluster (inside a SLURM allocation; normally sent by ``python -m slurm.submit``):
     python -m experiments.run sweeps/presets/qwen2.5-math-7b-dapo.yaml loss.rule=nsr
 
-The folder (``--out``, default ``results/runs/<sweep>/<run_id>``) gets config.yaml, metrics.jsonl, eval.jsonl and
+The folder (``--out``, default ``results/runs/<sweep>/<run_id>``) gets config.yaml, metrics.jsonl, eval.jsonl.gz and
 an atomically written status.json. A folder whose run is done is never overwritten without ``--force``; any other
 folder of the same config resumes from its last checkpoint. A folder of another config, a folder that is not a run
 folder, or one whose files cannot be read is refused, ``--force`` or not. Without ``--out``, a config that is

@@ -160,8 +160,13 @@ def _math_parts(cfg: RunConfig, progress: bool):
     return model, tok, data, math_correct, run_eval
 
 
-def _metrics_row(step: int, logs: dict, extremes: tuple[float, float], wall_s: float) -> dict:
-    """One metrics.jsonl row from TRL's log of an RL step (names as the tiny backend's rows)."""
+ROW_NAMES = {"approx_kl": "ppo_kl"}
+"""metrics.jsonl names of the nsr.METRIC_KEYS values that the run-folder contract names differently."""
+
+
+def _metrics_row(step: int, logs: dict, wall_s: float) -> dict:
+    """One metrics.jsonl row from TRL's log of an RL step (names as the tiny backend's rows). Every value is
+    NSRGRPOTrainer's, already reduced over the step as declared (nsr.METRIC_REDUCE for the nsr.METRIC_KEYS values)."""
     from nsr import METRIC_KEYS
 
     row = {
@@ -169,10 +174,7 @@ def _metrics_row(step: int, logs: dict, extremes: tuple[float, float], wall_s: f
         "reward_mean": logs.get("reward"),
         "entropy": logs.get("entropy"),
         "response_len": logs.get("completions/mean_length"),
-        **{k: logs.get(f"nsr/{k}") for k in METRIC_KEYS if k not in ("ratio_min", "ratio_max", "approx_kl")},
-        "ratio_min": extremes[0],
-        "ratio_max": extremes[1],
-        "ppo_kl": logs.get("nsr/approx_kl"),
+        **{ROW_NAMES.get(k, k): logs.get(f"nsr/{k}") for k in METRIC_KEYS},
         "policy_loss": logs.get("nsr/policy_loss"),
         "grad_norm": logs.get("grad_norm"),
         "adv_abs_mean": logs.get("nsr/adv_abs_mean"),
@@ -221,7 +223,7 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
                 return
             step = state.global_step // k
             wall = time.perf_counter() - self.t0
-            rd.append("metrics.jsonl", [_metrics_row(step, logs, trainer.pop_ratio_extremes(), wall)])
+            rd.append("metrics.jsonl", [_metrics_row(step, logs, wall)])
             if _eval_due(cfg, step):
                 rd.append("eval.jsonl", run_eval(trainer.model, step))
             if stop_after is not None and step >= stop_after:
@@ -240,6 +242,11 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
         seed=cfg.seed,
     )
     trainer.remove_callback(PrinterCallback)  # TRL's log goes to metrics.jsonl, not stdout
+    if trainer.accelerator.num_processes != 1:  # one process writes the run folder: CPU or one GPU
+        raise ValueError(
+            f"the trl backend runs in one process (CPU or one GPU); got {trainer.accelerator.num_processes} processes "
+            "(accelerate launch / torchrun): run `python -m experiments.run` directly"
+        )
     return trainer, run_eval
 
 
