@@ -333,7 +333,7 @@ def sweep_members(
 
     Hashes are today's ``RunConfig.run_hash()``; a run folder is matched through its config.yaml read by today's code
     (``runs["config_hash"]``), so a field added since the run was made (with its default) does not hide it."""
-    from sweeps import SweepError, expand, load_sweep
+    from experiments.sweep import SweepError, expand, load_sweep
 
     out: dict[str, list[dict]] = {}
     notes: list[str] = []

@@ -87,7 +87,7 @@ def expected_runs(rs: RunSet, sweeps_dir: Path | None = None, presets_dir: Path 
 
     A sweep file with no runs at all is expanded with its default preset. Sweep files that fail to expand are
     reported in the notes, never fatal (the tables of the runs that exist are still built)."""
-    from sweeps import SWEEPS_DIR, SweepError, expand
+    from experiments.sweep import SWEEPS_DIR, SweepError, expand
 
     folder = Path(sweeps_dir) if sweeps_dir else SWEEPS_DIR
     out, notes = {}, []

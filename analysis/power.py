@@ -400,7 +400,7 @@ def regime_readout(
     expected_hard: dict[str, int] = {}
     hashes: set[str] | None = None
     if sweep or regime.get("stage_a_sweep"):
-        from sweeps import expand
+        from experiments.sweep import expand
 
         hashes = set()
         for spec in expand(sweep or regime["stage_a_sweep"]):

@@ -27,20 +27,18 @@ from typing import Any, Literal
 
 import yaml
 
+from experiments.checks import ConfigError, check_field, check_range
+from experiments.tiny.checks import check_config as check_tiny
+from experiments.trl.checks import check_config as check_trl
 from nsr import AdvantageConfig, LossConfig
 from nsr.config import AGG_MODES
 
+__all__ = ["ConfigError", "RunConfig", "check_field", "from_dict", "load_config"]
+
+BACKEND_CHECKS = {"tiny": check_tiny, "trl": check_trl}
+"""Checks of the backends that run a RunConfig in this process (the openrlhf backend's are its argv builder's)."""
+
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-class ConfigError(ValueError):
-    """A bad config value or key; the message names the source, the key and the allowed values."""
-
-
-def check_field(cls: str, key: str, ok: bool, allowed: str, value) -> None:
-    """Raise ConfigError "<cls>.<key>=<value> is not valid; allowed: <allowed>" unless ``ok``."""
-    if not ok:
-        raise ConfigError(f"{cls}.{key}={value!r} is not valid; allowed: {allowed}")
 
 
 SEED_MAX = 2**31 - 1
@@ -51,28 +49,6 @@ MAX_SAMPLES = 4096
 """Responses per prompt (rollout.samples_per_prompt, eval.n_samples): pass@k papers stop at k = 1024-4096."""
 MAX_TOKENS = 2**17
 MAX_TEMPERATURE = 10.0
-TINY_MAX_PARAMS = 10**8
-"""tiny backend: 12 x n_layer x d_model^2 at most (weights + Adam state ~1.6 GB in float32 on a CPU)."""
-TINY_MAX_SEQUENCES = 2**17
-"""tiny backend: sequences in one batch (a rollout's prompts x samples, an eval's prompts x samples); each
-batch is generated at once, so this bounds the memory a step needs (a few GB at the default width)."""
-
-
-def _range(cls: str, key: str, value, lo=None, hi=None, *, lo_open: bool = False) -> None:
-    """``value`` finite and in [lo, hi] (``(lo, hi]`` with ``lo_open``); ConfigError naming the key otherwise.
-
-    Non-finite floats never get here from YAML or ``key=value`` (the loader refuses them); this also covers
-    dataclasses built in Python.
-    """
-    parts = []
-    if lo is not None:
-        parts.append(f"> {lo}" if lo_open else f">= {lo}")
-    if hi is not None:
-        parts.append(f"<= {hi}")
-    allowed = "a finite number " + " and ".join(parts) if parts else "a finite number"
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (lo is None or (value > lo if lo_open else value >= lo)) and (hi is None or value <= hi)
-    check_field(cls, key, ok, allowed, value)
 
 
 @dataclass(frozen=True)
@@ -89,9 +65,9 @@ class ModelConfig:
     """tiny: attention heads."""
 
     def __post_init__(self):
-        _range("model", "d_model", self.d_model, 1, 8192)
-        _range("model", "n_layer", self.n_layer, 1, 128)
-        _range("model", "n_head", self.n_head, 1, 256)
+        check_range("model", "d_model", self.d_model, 1, 8192)
+        check_range("model", "n_layer", self.n_layer, 1, 128)
+        check_range("model", "n_head", self.n_head, 1, 256)
         check_field("model", "d_model", self.d_model % self.n_head == 0, "a multiple of n_head", self.d_model)
 
 
@@ -108,12 +84,12 @@ class SFTConfig:
     """The warm start's own seed: every RL seed starts from the same checkpoint."""
 
     def __post_init__(self):
-        _range("sft", "steps", self.steps, 0, MAX_STEPS)
-        _range("sft", "batch_size", self.batch_size, 1, MAX_BATCH)
-        _range("sft", "lr", self.lr, 0, 1, lo_open=True)
-        _range("sft", "warmup", self.warmup, 0, MAX_STEPS)
-        _range("sft", "weight_decay", self.weight_decay, 0, 1)
-        _range("sft", "seed", self.seed, 0, SEED_MAX)
+        check_range("sft", "steps", self.steps, 0, MAX_STEPS)
+        check_range("sft", "batch_size", self.batch_size, 1, MAX_BATCH)
+        check_range("sft", "lr", self.lr, 0, 1, lo_open=True)
+        check_range("sft", "warmup", self.warmup, 0, MAX_STEPS)
+        check_range("sft", "weight_decay", self.weight_decay, 0, 1)
+        check_range("sft", "seed", self.seed, 0, SEED_MAX)
 
 
 @dataclass(frozen=True)
@@ -136,7 +112,7 @@ class TaskConfig:
     '' = the folder of ``train_data``."""
 
     def __post_init__(self):
-        _range("task", "max_prompt_len", self.max_prompt_len, 1, MAX_TOKENS)
+        check_range("task", "max_prompt_len", self.max_prompt_len, 1, MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -151,10 +127,10 @@ class RolloutConfig:
     """Response budget (tiny: the completion length)."""
 
     def __post_init__(self):
-        _range("rollout", "prompts_per_step", self.prompts_per_step, 1, MAX_BATCH)
-        _range("rollout", "samples_per_prompt", self.samples_per_prompt, 2, MAX_SAMPLES)
-        _range("rollout", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
-        _range("rollout", "max_new_tokens", self.max_new_tokens, 1, MAX_TOKENS)
+        check_range("rollout", "prompts_per_step", self.prompts_per_step, 1, MAX_BATCH)
+        check_range("rollout", "samples_per_prompt", self.samples_per_prompt, 2, MAX_SAMPLES)
+        check_range("rollout", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
+        check_range("rollout", "max_new_tokens", self.max_new_tokens, 1, MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -188,19 +164,19 @@ class TrainConfig:
     """DGG: how many previous updates' norms the median is taken over (>= 1)."""
 
     def __post_init__(self):
-        _range("train", "steps", self.steps, 1, MAX_STEPS)
-        _range("train", "lr", self.lr, 0, 1, lo_open=True)
-        _range("train", "epochs", self.epochs, 1, 1000)
-        _range("train", "minibatches", self.minibatches, 1, MAX_BATCH)
-        _range("train", "grad_clip", self.grad_clip, 0, lo_open=True)
+        check_range("train", "steps", self.steps, 1, MAX_STEPS)
+        check_range("train", "lr", self.lr, 0, 1, lo_open=True)
+        check_range("train", "epochs", self.epochs, 1, 1000)
+        check_range("train", "minibatches", self.minibatches, 1, MAX_BATCH)
+        check_range("train", "grad_clip", self.grad_clip, 0, lo_open=True)
         betas_ok = len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas)  # NaN fails 0 <= b
         check_field("train", "adam_betas", betas_ok, "two numbers in [0, 1)", self.adam_betas)
-        _range("train", "weight_decay", self.weight_decay, 0, 1)
+        check_range("train", "weight_decay", self.weight_decay, 0, 1)
         check_field("train", "agg_mode", self.agg_mode in AGG_MODES, ", ".join(AGG_MODES), self.agg_mode)
-        _range("train", "entropy_coef", self.entropy_coef, 0)
-        _range("train", "kl_coef", self.kl_coef, 0)
-        _range("train", "dgg_k", self.dgg_k, 1, 1000, lo_open=True)
-        _range("train", "dgg_window", self.dgg_window, 1, 10000)
+        check_range("train", "entropy_coef", self.entropy_coef, 0)
+        check_range("train", "kl_coef", self.kl_coef, 0)
+        check_range("train", "dgg_k", self.dgg_k, 1, 1000, lo_open=True)
+        check_range("train", "dgg_window", self.dgg_window, 1, 10000)
         if self.epochs * self.minibatches == 1 and not self.allow_on_policy:
             raise ConfigError(
                 "train.epochs * train.minibatches = 1: one optimizer step per rollout keeps every ratio at 1, so "
@@ -242,11 +218,11 @@ class EvalConfig:
     """Seed of the eval prompt set and its sampling (the same for every run, so arms are paired)."""
 
     def __post_init__(self):
-        _range("eval", "every", self.every, 0, MAX_STEPS)
-        _range("eval", "n_prompts", self.n_prompts, 0, MAX_BATCH)
-        _range("eval", "n_samples", self.n_samples, 0, MAX_SAMPLES)
-        _range("eval", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
-        _range("eval", "seed", self.seed, 0, SEED_MAX)
+        check_range("eval", "every", self.every, 0, MAX_STEPS)
+        check_range("eval", "n_prompts", self.n_prompts, 0, MAX_BATCH)
+        check_range("eval", "n_samples", self.n_samples, 0, MAX_SAMPLES)
+        check_range("eval", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
+        check_range("eval", "seed", self.seed, 0, SEED_MAX)
 
 
 @dataclass(frozen=True)
@@ -261,7 +237,7 @@ class LoggingConfig:
     """Keep the final checkpoint in the run folder (tiny: a few hundred kB)."""
 
     def __post_init__(self):
-        _range("logging", "checkpoint_every", self.checkpoint_every, 0, MAX_STEPS)
+        check_range("logging", "checkpoint_every", self.checkpoint_every, 0, MAX_STEPS)
 
 
 @dataclass(frozen=True)
@@ -302,19 +278,19 @@ class OpenRLHFConfig:
     builder sets from other fields are refused here (set the field instead)."""
 
     def __post_init__(self):  # one field at a time; how fields fit together is checked by the argv builder
-        _range("openrlhf", "nodes", self.nodes, 1, 1024)
-        _range("openrlhf", "gpus_per_node", self.gpus_per_node, 1, 64)
-        _range("openrlhf", "vllm_engines", self.vllm_engines, 1, 65536)
-        _range("openrlhf", "vllm_tensor_parallel", self.vllm_tensor_parallel, 1, 64)
-        _range("openrlhf", "vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, 0, 1, lo_open=True)
+        check_range("openrlhf", "nodes", self.nodes, 1, 1024)
+        check_range("openrlhf", "gpus_per_node", self.gpus_per_node, 1, 64)
+        check_range("openrlhf", "vllm_engines", self.vllm_engines, 1, 65536)
+        check_range("openrlhf", "vllm_tensor_parallel", self.vllm_tensor_parallel, 1, 64)
+        check_range("openrlhf", "vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, 0, 1, lo_open=True)
         check_field("openrlhf", "zero_stage", self.zero_stage in (0, 1, 2, 3), "0, 1, 2, 3", self.zero_stage)
-        _range("openrlhf", "micro_train_batch_size", self.micro_train_batch_size, 1, MAX_BATCH)
-        _range("openrlhf", "micro_rollout_batch_size", self.micro_rollout_batch_size, 1, MAX_BATCH)
-        _range("openrlhf", "train_batch_size", self.train_batch_size, 1, MAX_BATCH)
-        _range("openrlhf", "save_steps", self.save_steps, 1, MAX_STEPS)
-        _range("openrlhf", "lr_warmup_ratio", self.lr_warmup_ratio, 0, 1)
-        _range("openrlhf", "overlong_buffer_len", self.overlong_buffer_len, 0, MAX_TOKENS)
-        _range("openrlhf", "overlong_penalty_factor", self.overlong_penalty_factor, 0)
+        check_range("openrlhf", "micro_train_batch_size", self.micro_train_batch_size, 1, MAX_BATCH)
+        check_range("openrlhf", "micro_rollout_batch_size", self.micro_rollout_batch_size, 1, MAX_BATCH)
+        check_range("openrlhf", "train_batch_size", self.train_batch_size, 1, MAX_BATCH)
+        check_range("openrlhf", "save_steps", self.save_steps, 1, MAX_STEPS)
+        check_range("openrlhf", "lr_warmup_ratio", self.lr_warmup_ratio, 0, 1)
+        check_range("openrlhf", "overlong_buffer_len", self.overlong_buffer_len, 0, MAX_TOKENS)
+        check_range("openrlhf", "overlong_penalty_factor", self.overlong_penalty_factor, 0)
 
 
 @dataclass(frozen=True)
@@ -355,22 +331,12 @@ class RunConfig:
         check_field(
             "RunConfig", "backend", self.backend in ("tiny", "openrlhf", "trl"), "tiny, openrlhf, trl", self.backend
         )
-        if self.backend == "trl":
-            from experiments.trl import check_config as check_trl  # model / task / batch checks; late import
-
-            check_trl(self)
-        _range("RunConfig", "seed", self.seed, 0, SEED_MAX)
-        if self.backend == "tiny":
-            _check_tiny_sizes(self)
-            from experiments.tiny import check_config  # task/model registries and sizes; late import (cycle)
-
-            check_config(self)
-        else:  # options the tiny loop implements and the OpenRLHF launcher does not (docs/method.md)
+        check_range("RunConfig", "seed", self.seed, 0, SEED_MAX)
+        if self.backend in BACKEND_CHECKS:  # model / task / batch checks of the backend that runs it
+            BACKEND_CHECKS[self.backend](self)
+        if self.backend != "tiny":  # options the tiny loop implements and the OpenRLHF launcher does not
             allowed = "verifier (label-free rewards are a tiny-backend option)"
             check_field("reward", "source", self.reward.source == "verifier", allowed, self.reward.source)
-            if self.backend == "trl":
-                allowed = "false (DGG is an option of the tiny and openrlhf backends)"
-                check_field("train", "dgg", not self.train.dgg, allowed, self.train.dgg)
 
     # ---------------------------------------------------------------- views
     def to_dict(self) -> dict[str, Any]:
@@ -447,19 +413,6 @@ def scheme1_hash(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     d.pop("logging")
     return _sha8(d)
-
-
-def _check_tiny_sizes(cfg: RunConfig) -> None:
-    """What the tiny backend can hold on a CPU: the model's size and the batches it generates at once."""
-    m, r, e = cfg.model, cfg.rollout, cfg.eval
-    params = 12 * m.n_layer * m.d_model**2
-    allowed = f"12 x n_layer x d_model^2 <= {TINY_MAX_PARAMS:.0e} (a model the tiny backend trains on a CPU)"
-    check_field("model", "d_model", params <= TINY_MAX_PARAMS, allowed, m.d_model)
-    allowed = f"prompts_per_step x samples_per_prompt <= {TINY_MAX_SEQUENCES} (one batch on a CPU)"
-    batch = r.prompts_per_step * r.samples_per_prompt
-    check_field("rollout", "samples_per_prompt", batch <= TINY_MAX_SEQUENCES, allowed, r.samples_per_prompt)
-    allowed = f"eval.n_prompts x n_samples <= {TINY_MAX_SEQUENCES} (one batch on a CPU)"
-    check_field("eval", "n_samples", e.n_prompts * e.n_samples <= TINY_MAX_SEQUENCES, allowed, e.n_samples)
 
 
 # -------------------------------------------------------------------- generic (de)serialisation

@@ -67,6 +67,47 @@ def _trl(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
     run_trl(cfg, rd, progress=progress)
 
 
+PREFLIGHT: Registry = Registry("backend")
+"""Per backend, the checks a run makes when it starts, before any work (the RunConfig's own checks ran at its
+construction). ``slurm.submit`` runs them on every run before any job exists, so no job fails at its start."""
+
+
+@PREFLIGHT.register("tiny")
+def _tiny_preflight(cfg: RunConfig) -> None:
+    """Nothing more: every tiny-backend check runs when the RunConfig is built (experiments.tiny.checks)."""
+
+
+@PREFLIGHT.register("openrlhf")
+def _openrlhf_preflight(cfg: RunConfig) -> None:
+    """The argv builder's refusals, then (where OpenRLHF is installed) every check the launcher makes before Ray
+    starts: OpenRLHF's version, its own parser and argument checks, the NSR layer's refusals."""
+    from experiments.openrlhf.argv import build_command
+
+    cmd = build_command(cfg, Path("results/runs/preflight"), "preflight")
+    try:
+        from nsr.openrlhf.launch import LaunchError, prepare
+    except ImportError:  # openrlhf is not installed here: its own checks run at the job's start
+        return
+    try:
+        prepare(cmd.argv[3:])  # after `python -m nsr.openrlhf.launch`
+    except LaunchError as e:
+        raise ConfigError(str(e).removeprefix("nsr.openrlhf.launch: error: ")) from None
+
+
+@PREFLIGHT.register("trl")
+def _trl_preflight(cfg: RunConfig) -> None:
+    """The GRPOConfig the run builds and NSRGRPOTrainer's refusals of it (no model is loaded)."""
+    from experiments.trl.train import check_runnable
+
+    check_runnable(cfg)
+
+
+def preflight(cfg: RunConfig) -> None:
+    """Every check ``cfg``'s run makes at its start, before any work; ConfigError naming the key and the allowed
+    values if one fails."""
+    PREFLIGHT[cfg.backend](cfg)
+
+
 class Cancelled(BaseException):
     """Raised in the main thread on SIGTERM (scancel), so the run unwinds and records ``cancelled``."""
 
@@ -89,12 +130,14 @@ def run(
     ``meta`` (e.g. ``{"sweep": "delta", "arm": "nsr", "point": {"loss.delta": 0.2}, "seed": 0}``) is stored in
     config.yaml's ``meta`` section, where the analysis finds each run's arm.
 
-    Returns the final status dict. The folder is locked first and checked under the lock (no other process can
+    Returns the final status dict. ConfigError if a check the run makes at its start fails (:func:`preflight`),
+    before anything is created. The folder is locked first and checked under the lock (no other process can
     change it in between). Raises RunExistsError if ``out`` holds a finished run and ``force`` is False, or a run of
     another config (``force`` does not apply: it never wipes another config's run); RunLockedError if another
     process is running it; RunFolderError if ``out`` is a file, cannot be written, is not a run folder, or holds run
     files that cannot be read.
     """
+    preflight(cfg)  # ConfigError before anything exists
     rd = RunDir(out)
     if rd.path.exists() and not rd.path.is_dir():
         raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
@@ -221,7 +264,7 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
             raise ConfigError("give either a config file with overrides, or --sweep with --run, not both")
         if not args.run_id and not getattr(args, "dry_run", False):
             raise ConfigError("--sweep needs --run RUN_ID (list them with: python -m slurm.submit SWEEP --dry-run)")
-        from sweeps import check_ready, resolve_run
+        from experiments.sweep import check_ready, resolve_run
 
         spec = resolve_run(args.sweep, args.run_id, preset=args.preset)
         if not getattr(args, "dry_run", False):
@@ -240,7 +283,7 @@ def dry_run(args) -> list[dict]:
     from experiments.openrlhf.argv import build_command
 
     if args.sweep and not args.run_id:
-        from sweeps import expand
+        from experiments.sweep import expand
 
         specs = [(s.config, s.run_id, s.sweep) for s in expand(args.sweep, preset=args.preset)]
     else:

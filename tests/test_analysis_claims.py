@@ -9,7 +9,7 @@ import pytest
 from analysis import claims, tables
 from analysis.claims import CONTRADICTS, INCONCLUSIVE, NO_DATA, NOT_REPRODUCED, SUPPORTS, Comparison, Side
 from analysis.summary import STEP_METRICS
-from sweeps import load_sweep
+from experiments.sweep import load_sweep
 
 
 @pytest.mark.parametrize(

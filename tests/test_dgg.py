@@ -161,7 +161,7 @@ def test_resumed_dgg_run_matches_an_uninterrupted_one(tmp_path, monkeypatch):
 
 def test_dgg_sweep_expands_on_tiny_and_cluster_presets_and_not_on_trl():
     from experiments.openrlhf.argv import build_command
-    from sweeps import SweepError, expand
+    from experiments.sweep import SweepError, expand
 
     runs = expand("dgg")
     assert {r.meta["arm"] for r in runs} == {"hard", "nsr", "soft", "dgg", "nsr_dgg"} and len(runs) == 15

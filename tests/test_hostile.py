@@ -25,10 +25,10 @@ from experiments.rundir import (
     read_status,
     runs_by_hash,
 )
+from experiments.sweep import SweepError, expand
 from slurm.status import rows as status_rows
 from slurm.submit import load_site, plan
 from slurm.submit import main as submit_main
-from sweeps import SweepError, expand
 
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 

@@ -214,7 +214,7 @@ def test_committed_runs_keep_counting():
 
 def test_an_old_run_id_still_resolves_to_its_run():
     """`experiments.run --sweep S --run ID` with the id a committed folder was made with finds that config."""
-    from sweeps import resolve_run
+    from experiments.sweep import resolve_run
 
     folder = sorted((RUNS_ROOT / "delta").iterdir())[0]
     spec = resolve_run("delta", folder.name)

@@ -165,7 +165,7 @@ def test_loop_trains_on_the_label_free_reward_and_logs_the_verifier():
 
 
 def test_reward_source_sweep_expands_on_tiny_presets_only():
-    from sweeps import SweepError, expand
+    from experiments.sweep import SweepError, expand
 
     runs = expand("reward_source")
     assert {r.meta["preset"] for r in runs} == {"tiny-regime"} and len(runs) == 3 * 2 * 3

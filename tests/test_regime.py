@@ -15,7 +15,7 @@ import nsr
 from analysis import power as P
 from experiments.config import load_config
 from experiments.rundir import RunDir, read_rows
-from sweeps import expand, load_sweep, preset_file
+from experiments.sweep import expand, load_sweep, preset_file
 
 REPO = Path(__file__).resolve().parents[1]
 REGIME = P.load_regime()
@@ -95,8 +95,8 @@ def test_the_confirm_template_is_refused_until_filled(tmp_path):
     import subprocess
     import sys
 
+    from experiments.sweep import SweepError, check_ready, load_sweep
     from slurm.submit import submit
-    from sweeps import SweepError, check_ready, load_sweep
 
     assert load_sweep("confirm").status == "template" and load_sweep("regime_search").status == "ready"
     with pytest.raises(SweepError, match="status: template"):
@@ -194,7 +194,7 @@ def test_no_regime_is_chosen_while_a_candidate_is_pending(monkeypatch):
     readouts = {"u16": passing, "u16_gc": pending, "tight": dict(passing, qualifies=False), "d128": dict(passing)}
     readouts["u16_gc_d05"] = readouts["c4_u16_gc"] = dict(passing, qualifies=False)
     monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
-    monkeypatch.setattr(P, "load_regime", lambda path=None: regime)
+    monkeypatch.setattr(P, "load_regime", lambda path=None, stage="a": regime)
     out = P.regime_readout("/nonexistent-stage-a")
     assert out["chosen"] is None and out["pending"] == ["u16_gc"]
     readouts["u16_gc"] = dict(passing, dose_per_token=0.02)  # now complete and the larger dose
@@ -263,7 +263,7 @@ def test_a_ruled_out_candidate_is_not_waited_for(monkeypatch, capsys):
     readouts = {k: dict(failing, ruled_out=["reach"]) for k in ("u16", "u16_gc", "tight", "u16_gc_d05", "c4_u16_gc")}
     readouts["d128"] = dict(failing, ruled_out=[])  # hard runs not all done yet
     monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
-    monkeypatch.setattr(P, "load_regime", lambda path=None: regime)
+    monkeypatch.setattr(P, "load_regime", lambda path=None, stage="a": regime)
     out = P.regime_readout("/nonexistent-stage-a")
     assert out["pending"] == ["d128"] and out["chosen"] is None
     readouts["d128"]["ruled_out"] = ["reach", "clip"]

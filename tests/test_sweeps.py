@@ -1,4 +1,4 @@
-"""Sweep expansion (sweeps/__init__.py): every paper sweep expands and validates, ids are stable, rerunning one
+"""Sweep expansion (experiments/sweep.py): every paper sweep expands and validates, ids are stable, rerunning one
 run resolves exactly the grid's config, and bad input fails with the file, the key and the allowed values."""
 
 import argparse
@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-import sweeps
+from experiments import sweep as sweeps
 from experiments.config import load_config
 from experiments.run import resolve
-from sweeps import SweepError, expand, load_sweep, resolve_run
+from experiments.sweep import SweepError, expand, load_sweep, resolve_run
 
 SWEEPS = ["main", "advantage_magnitude", "judge_executor", "rescue_vs_decay", "delta", "clip_asymmetry", "related"]
 MIN_SEEDS = {"rescue_vs_decay": 5, "delta": 5}  # CPU evidence grid: these two need >= 5 seeds, the others >= 3

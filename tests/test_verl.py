@@ -190,7 +190,7 @@ def test_recipe_overrides_round_trip():
 
 
 def test_cli_prints_a_sweeps_overrides(capsys, monkeypatch):
-    from nsr.verl.__main__ import main
+    from experiments.verl import main
 
     monkeypatch.chdir(ROOT)
     assert main(["--sweep", "sweeps/delta.yaml"]) == 0

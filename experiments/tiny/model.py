@@ -8,12 +8,15 @@ measured (README, "CPU testbed") it makes the transformers rollout faster than a
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from experiments.config import ModelConfig
 from experiments.tiny.task import EOS, N_POSITIONS, VOCAB_SIZE
 from nsr.registry import Registry
+
+if TYPE_CHECKING:  # annotations only: config validation imports this module
+    from experiments.config import ModelConfig
 
 INIT_STD = 0.02  # GPT-2's initializer_range
 

@@ -10,12 +10,15 @@ builder in the testbed's model registry. The tokenizer maps each character to th
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from experiments.config import ModelConfig
 from experiments.tiny.model import INIT_STD, MODELS
 from experiments.tiny.task import CHARS, EOS, N_POSITIONS, VOCAB_SIZE, Task, decode
+
+if TYPE_CHECKING:  # annotations only: config validation imports this module
+    from experiments.config import ModelConfig
 
 EOS_TEXT = "<eos>"
 

@@ -109,9 +109,10 @@ def _tiny_parts(cfg: RunConfig, progress: bool):
     from experiments.trl.model import char_tokenizer, task_reward, train_dataset  # registers tiny-qwen2
 
     task = get_task(cfg.task.name)
-    state, _ = warm_start(cfg, progress=progress)
+    state, info = warm_start(cfg, progress=progress)
     model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
     model.load_state_dict(state)
+    model.warm_start_info = info  # recorded into the run folder by build_trainer (meta.warm_start)
 
     def run_eval(model, step: int) -> list[dict]:
         was_training = model.training
@@ -197,6 +198,21 @@ def latest_checkpoint(rd: RunDir) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
+def check_runnable(cfg: RunConfig) -> None:
+    """The checks the run makes at its start, without a model: the GRPOConfig it builds and NSRGRPOTrainer's refusals
+    of that config (nsr.trl). ConfigError naming the option and what is allowed."""
+    import tempfile
+
+    from experiments.checks import ConfigError
+    from nsr.trl.trainer import _check_args
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            _check_args(grpo_config(cfg, tmp), cfg.loss)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after: int | None = None):
     """(NSRGRPOTrainer of ``cfg`` writing into ``rd``, evaluate function). ``stop_after``: the trainer stops after
     this RL step as if killed (tests of the resume path)."""
@@ -210,6 +226,11 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
         hf_logging.disable_progress_bar()
     parts = _tiny_parts if cfg.task.name != "math" else _math_parts
     model, tok, data, reward, run_eval = parts(cfg, progress)
+    info = getattr(model, "warm_start_info", None)
+    if info is not None and rd.config_path.exists():  # a model trained from a testbed warm start: pairs need its hash
+        from experiments.tiny.sft import record_warm_start
+
+        record_warm_start(rd, cfg, info)
     k = optimizer_steps_per_rl_step(cfg)
 
     class RunFolder(TrainerCallback):

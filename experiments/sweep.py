@@ -1,6 +1,6 @@
 """Sweep files: declarative grids, one per paper table or figure, expanded by a pure function into runs.
 
-    from sweeps import expand, resolve_run
+    from experiments.sweep import expand, resolve_run
     runs = expand("sweeps/delta.yaml", preset="tiny")      # list[RunSpec], every config validated
     spec = resolve_run("delta", "nsr-delta0.2-s0-3f2a9c1e")  # exactly the config the grid runs
 
@@ -54,9 +54,10 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config import ConfigError, RunConfig, apply_overrides, from_dict, read_yaml, split_meta
-from experiments.rundir import RUNS_ROOT, RunDir, RunFolderError
+from experiments.rundir import REPO_ROOT, RUNS_ROOT, RunDir, RunFolderError
 
-SWEEPS_DIR = Path(__file__).resolve().parent
+SWEEPS_DIR = REPO_ROOT / "sweeps"
+"""The sweep files (data, not code: ``sweeps/*.yaml``) and their presets (``sweeps/presets/*.yaml``)."""
 PRESETS_DIR = SWEEPS_DIR / "presets"
 TOP_KEYS = ("name", "description", "preset", "base", "grid", "factors", "arms", "seeds", "tie", "baseline", "status")
 TIE_SOURCES = ("seed",)
