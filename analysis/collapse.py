@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 
 from analysis.load import RUNS_ROOT, RunWarning, load_runs
-from analysis.power import load_regime
+from analysis.regime import load_regime
 from analysis.stats import interval
 from analysis.summary import WARM_START
 

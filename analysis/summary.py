@@ -203,8 +203,15 @@ def eval_curves(counts: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, axis=1).reset_index()
 
 
-LATE_FRACTION = 0.5
-"""``late_pass@1``: mean over the evaluations in the last half of training (steps >= half the last eval step)."""
+LATE_WINDOW = (0.5, 1.0)
+"""THE late window (analysis/regime.yaml, ``primary_metric.window``, pre-registered): the evaluations at steps s with
+lo x steps <= s <= hi x steps. ``late_pass@1`` here and the evidence plan's ``late_pass1`` (analysis.regime) are the
+mean held-out sampled accuracy over it."""
+
+
+def in_late_window(step, steps, window=LATE_WINDOW):
+    """Whether eval step(s) ``step`` fall in the late window of a run of ``steps`` RL steps (scalars or arrays)."""
+    return (window[0] * steps <= step) & (step <= window[1] * steps)
 
 
 def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
@@ -218,7 +225,7 @@ def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
     metrics = [c for c in fin.columns if c not in ("run", "step", "benchmark")]
     out = fin.groupby("run")[metrics].mean()
     out.insert(0, "eval_step", fin.groupby("run")["step"].max())
-    late = curves[curves["step"] >= LATE_FRACTION * last]
+    late = curves[in_late_window(curves["step"], last)]  # a run's last eval is at its last step
     late_cols = [m for m in ("pass@1", "greedy") if m in late.columns]
     if late_cols:
         per_step = late.groupby(["run", "step"])[late_cols].mean()
