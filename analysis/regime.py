@@ -511,8 +511,6 @@ def print_readout(out: dict) -> None:
     print(readout_markdown(out), end="")
 
 
-
-
 # ------------------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.regime", description=__doc__.split("\n\n")[0])
