@@ -401,7 +401,7 @@ def regime_readout(
         chosen = min(close, key=lambda k: regime["candidates"][k]["cost"])
     plan = regime["planning"]
     ruled_out = {k: v["ruled_out"] for k, v in cands.items() if v.get("ruled_out")}
-    out = {"candidates": cands, "chosen": chosen, "pending": pending, "ruled_out": ruled_out}
+    out = {"candidates": cands, "chosen": chosen, "pending": pending, "ruled_out": ruled_out, "stage": stage}
     if chosen and stage == "a2":  # one warm start per pair: n pairs = n RL seeds (1001 ...)
         spread = cands[chosen]["spread"]
         sd = max(spread, plan["prior_sd"]) if math.isfinite(spread) else plan["prior_sd"]
@@ -490,7 +490,7 @@ def readout_markdown(out: dict) -> str:
         lines.append(f"| criterion {crit} | " + " | ".join(cells) + " |")
     if out.get("ruled_out"):
         lines.append(
-            "\nruled out on their done hard runs (amendment 1; the other runs cannot change a hard-only criterion): "
+            (RULED_OUT_A if out.get("stage", "a") == "a" else RULED_OUT_A2)
             + "; ".join(f"{k} ({', '.join(v)})" for k, v in out["ruled_out"].items())
         )
     if out.get("pending"):
@@ -505,6 +505,10 @@ def readout_markdown(out: dict) -> str:
         lines.append(f"widen_dose: {out['candidates'][out['chosen']].get('widen_dose')}")
         lines.append(f"plan: {out['plan']}")
     return "\n".join(lines) + "\n"
+
+
+RULED_OUT_A = "\nruled out on their done hard runs (amendment 1; the other runs cannot change a hard-only criterion): "
+RULED_OUT_A2 = "\nruled out (the plan: on their done hard runs, or by a failed gate; their other runs need not run): "
 
 
 def print_readout(out: dict) -> None:
