@@ -28,8 +28,10 @@ import scipy.stats as sps
 from analysis.stats import ALPHA, POWER_TARGET, holm, interval, paired_differences, power, t_test
 from analysis.summary import pairs
 from analysis.tables import counterparts, fmt, mixed_pairs, select_labels
-from experiments.config import ConfigError, load_yaml
+from experiments.config import ConfigError
+from experiments.yamlio import load_yaml
 from nsr.registry import Registry
+from nsr.validate import check, check_choice, is_number
 
 CLAIMS_FILE = Path(__file__).with_name("claims.yaml")
 POSTHOC_FILE = Path(__file__).with_name("posthoc.yaml")
@@ -91,10 +93,9 @@ def _side(value, where: str) -> Side:
         return Side(value, {})
     if isinstance(value, dict) and set(value) <= {"arm", "point"} and isinstance(value.get("arm"), str):
         point = value.get("point") or {}
-        if not isinstance(point, dict):
-            raise ValueError(f"{where}.point={point!r} is not valid; allowed: a mapping of axis: value")
+        check(isinstance(point, dict), f"{where}.point", point, "a mapping of axis: value")
         return Side(value["arm"], dict(point))
-    raise ValueError(f"{where}={value!r} is not valid; allowed: an arm name or {{arm: NAME, point: {{axis: value}}}}")
+    check(False, where, value, "an arm name or {arm: NAME, point: {axis: value}}")
 
 
 def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
@@ -110,8 +111,8 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
     if unknown:
         raise ValueError(f"{path}: unknown key {sorted(unknown)[0]!r}; allowed: min_pairs, claims")
     min_pairs = data.get("min_pairs", 3)
-    if not isinstance(min_pairs, int) or min_pairs < 2:
-        raise ValueError(f"{path}: min_pairs={min_pairs!r} is not valid; allowed: an integer >= 2")
+    ok = isinstance(min_pairs, int) and not isinstance(min_pairs, bool) and min_pairs >= 2
+    check(ok, f"{path}: min_pairs", min_pairs, "an integer >= 2")
     claims, seen = [], set()
     for i, c in enumerate(data.get("claims") or []):
         where = f"{path}: claims[{i}]"
@@ -131,17 +132,13 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
                 raise ValueError(
                     f"{tw}: unknown key {sorted(extra)[0]!r}; allowed: a, b, metric, expect, margin, sesoi"
                 )
-            if t["expect"] not in set(EXPECT):
-                raise ValueError(f"{tw}.expect={t['expect']!r} is not valid; allowed: {', '.join(EXPECT)}")
+            check_choice(f"{tw}.expect", t["expect"], EXPECT)
             margin = t.get("margin", 0.0)
-            if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
-                raise ValueError(f"{tw}.margin={margin!r} is not valid; allowed: a number >= 0")
+            check(is_number(margin) and margin >= 0, f"{tw}.margin", margin, "a number >= 0")
             sesoi = t.get("sesoi")
-            if t["expect"] in DIRECTIONAL and (
-                isinstance(sesoi, bool) or not isinstance(sesoi, (int, float)) or not sesoi > 0
-            ):
-                raise ValueError(f"{tw}.sesoi={sesoi!r} is not valid; allowed: a number > 0 (the smallest effect of "
-                                 f"interest, needed by expect: {t['expect']})")  # fmt: skip
+            if t["expect"] in DIRECTIONAL:
+                allowed = f"a number > 0 (the smallest effect of interest, needed by expect: {t['expect']})"
+                check(is_number(sesoi) and sesoi > 0, f"{tw}.sesoi", sesoi, allowed)
             tests.append(
                 Comparison(
                     _side(t["a"], f"{tw}.a"),

@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from analysis.dose import dose_matched_width
-from analysis.power import mde, n_paired
+from analysis.stats import mde, n_paired
 from analysis.summary import WARM_START, in_late_window
 
 REGIME_FILE = Path(__file__).resolve().parent / "regime.yaml"

@@ -46,10 +46,10 @@ from experiments.config import ConfigError, RunConfig, load_config
 from experiments.rundir import append_jsonl
 from experiments.tiny import set_threads
 from experiments.tiny.model import build_model
-from experiments.tiny.rng import generator
 from experiments.tiny.sft import warm_start
 from experiments.tiny.task import EOS, TASKS, Task, encode, get_task
 from experiments.tiny.train import rl_step
+from nsr.seeds import generator
 
 DEFAULT_PRESET = "sweeps/presets/tiny.yaml"
 

@@ -39,7 +39,8 @@ from typing import Any, NamedTuple
 import filelock
 import yaml
 
-from experiments.config import IDENTITY_SCHEME, ConfigError, RunConfig, from_dict, load_yaml, scheme1_hash, split_meta
+from experiments.config import IDENTITY_SCHEME, ConfigError, RunConfig, from_dict, scheme1_hash, split_meta
+from experiments.yamlio import load_yaml
 
 STATES = ("running", "done", "failed", "cancelled")
 BAD = "bad"

@@ -53,8 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.config import ConfigError, RunConfig, apply_overrides, from_dict, read_yaml, split_meta
+from experiments.config import ConfigError, RunConfig, apply_overrides, from_dict, split_meta
 from experiments.rundir import REPO_ROOT, RUNS_ROOT, RunDir, RunFolderError
+from experiments.yamlio import read_yaml
 
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 """The sweep files (data, not code: ``sweeps/*.yaml``) and their presets (``sweeps/presets/*.yaml``)."""

@@ -1,4 +1,4 @@
-"""Dynamic Gradient Gating (experiments/tiny/dgg.py) and its place in the tiny update loop.
+"""Dynamic Gradient Gating (nsr.gating; skipped updates in experiments/tiny/train.py) in the tiny update loop.
 
 The gate's criterion by hand; a surge in the real loop gates updates (no optimizer step, weights untouched); a gate
 that never fires leaves every number of the step as without it; a crashed and resumed DGG run ends with the rows
@@ -15,10 +15,10 @@ from experiments.config import ConfigError, load_config
 from experiments.run import run
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 from experiments.tiny import train as tiny_train
-from experiments.tiny.dgg import GradientGate, lm_head_grad_norm
-from experiments.tiny.model import build_model
-from experiments.tiny.rng import generator
+from experiments.tiny.model import build_model, lm_head_grad_norm
 from experiments.tiny.task import get_task
+from nsr.gating import GradientGate
+from nsr.seeds import generator
 
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 SMALL = [

@@ -11,8 +11,8 @@ from experiments.rundir import REPO_ROOT
 from experiments.tiny import train as tiny_train
 from experiments.tiny.model import build_model, logprobs, response_mask
 from experiments.tiny.rewards import cluster_vote, group_normalized, self_certainty, train_rewards
-from experiments.tiny.rng import generator
 from experiments.tiny.task import EOS, VOCAB_SIZE, encode, get_task
+from nsr.seeds import generator
 
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 SMALL = [

@@ -13,10 +13,10 @@ from analysis import mechanism as A
 from experiments import mechanism as M
 from experiments.config import load_config
 from experiments.tiny.model import build_model, generate
-from experiments.tiny.rng import generator
 from experiments.tiny.sft import warm_start
 from experiments.tiny.task import get_task
 from experiments.tiny.train import rl_step
+from nsr.seeds import generator
 
 OVERRIDES = [
     "sft.steps=120",  # a short warm start of its own (in a temporary cache): accuracy about 1%, enough to score

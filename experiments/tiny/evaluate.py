@@ -11,8 +11,8 @@ import torch
 
 from experiments.config import RunConfig
 from experiments.tiny.model import generate
-from experiments.tiny.rng import generator
 from experiments.tiny.task import Task
+from nsr.seeds import generator
 
 
 def evaluate(model: torch.nn.Module, task: Task, cfg: RunConfig, step: int) -> list[dict]:

@@ -60,6 +60,12 @@ def tiny_gpt2(mcfg: ModelConfig, generator: torch.Generator) -> torch.nn.Module:
     return model
 
 
+def lm_head_grad_norm(model: torch.nn.Module) -> float:
+    """L2 norm of the output projection's gradient (the tied embedding matrix in the tiny GPT-2); 0 if none."""
+    grad = model.get_output_embeddings().weight.grad
+    return 0.0 if grad is None else float(torch.linalg.vector_norm(grad.float()))
+
+
 def build_model(mcfg: ModelConfig, generator: torch.Generator) -> torch.nn.Module:
     return MODELS[mcfg.name](mcfg, generator)
 

@@ -28,8 +28,8 @@ from tqdm import tqdm
 from experiments.config import RunConfig
 from experiments.rundir import REPO_ROOT, atomic_path
 from experiments.tiny.model import build_model
-from experiments.tiny.rng import generator
 from experiments.tiny.task import get_task
+from nsr.seeds import generator
 
 SFT_VERSION = 1
 """Bump when the warm-start code changes its numbers, so stale caches are not reused."""

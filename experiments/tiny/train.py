@@ -10,8 +10,10 @@ the step's updates); eval.jsonl at step 0, every eval.every steps and at the las
 
 Options from the related literature (docs/method.md, "Related methods"): ``reward.source`` trains on a label-free
 reward instead of the verifier's (experiments/tiny/rewards.py; the verifier's reward is still logged as
-reward_mean), and ``train.dgg`` gates updates whose lm_head gradient norm surges (experiments/tiny/dgg.py; logged as
-dgg_gated, the step's gated updates, and lm_head_grad_norm, their mean norm before clipping).
+reward_mean), and ``train.dgg`` gates updates whose lm_head gradient norm surges (nsr.gating: k x the running median
+of the norm, the first update of each rollout never gated; the norm is that of the tied embedding matrix's gradient,
+before clipping). A gated update skips ``optimizer.step()``, so it changes neither the weights nor Adam's state.
+Logged as dgg_gated, the step's gated updates, and lm_head_grad_norm, their mean norm before clipping.
 
 Resumable: a checkpoint (model + optimizer, replaced atomically) every logging.checkpoint_every steps; every random
 draw comes from a generator derived from (seed, step, purpose), so a resumed run ends with exactly the rows of an
@@ -30,13 +32,13 @@ import nsr
 from experiments.config import RunConfig
 from experiments.rundir import RunDir, atomic_path
 from experiments.tiny import set_threads
-from experiments.tiny.dgg import GradientGate, lm_head_grad_norm
 from experiments.tiny.evaluate import evaluate, summary
-from experiments.tiny.model import generate, logprobs, response_mask
+from experiments.tiny.model import generate, lm_head_grad_norm, logprobs, response_mask
 from experiments.tiny.rewards import train_rewards
-from experiments.tiny.rng import generator
 from experiments.tiny.sft import check_resume_weights, record_warm_start, sft_key, warm_policy
 from experiments.tiny.task import Task, get_task
+from nsr.gating import GradientGate
+from nsr.seeds import generator
 
 LOSS_METRICS = {"approx_kl": "ppo_kl"}
 _LOSS_ORDER = ("approx_kl", *(k for k in nsr.METRIC_KEYS if k != "approx_kl"))  # the order metrics.jsonl has

@@ -103,10 +103,10 @@ def _tiny_parts(cfg: RunConfig, progress: bool):
     """(model, tokenizer, dataset, reward function, evaluate) for a model built in code on a testbed task."""
     from experiments.tiny.evaluate import evaluate
     from experiments.tiny.model import build_model
-    from experiments.tiny.rng import generator
     from experiments.tiny.sft import warm_start
     from experiments.tiny.task import get_task
     from experiments.trl.model import char_tokenizer, task_reward, train_dataset  # registers tiny-qwen2
+    from nsr.seeds import generator
 
     task = get_task(cfg.task.name)
     state, info = warm_start(cfg, progress=progress)
