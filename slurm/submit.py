@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.config import ConfigError, load_yaml
+from experiments.config import ConfigError
 from experiments.run import preflight
 from experiments.rundir import (
     BAD,
@@ -48,6 +48,7 @@ from experiments.rundir import (
     runs_by_hash,
 )
 from experiments.sweep import RunSpec, SweepError, check_ready, expand, load_sweep, sweep_path
+from experiments.yamlio import load_yaml
 from slurm import queue
 from slurm.jobs import RunJob
 
