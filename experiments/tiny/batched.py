@@ -386,6 +386,7 @@ def train_batch(
         infos.append(warm[key][1])
         if rd.config_path.exists():  # experiments.run wrote it; a bare train_batch into a folder records nothing
             record_warm_start(rd, cfg, warm[key][1])
+            rd.update_meta(engine={"trainer": "batched", "runs": len(cfgs)})  # provenance, not identity
     model = BatchedGPT2(c0.model, [warm[sft_key(c)][0] for c in cfgs], dtype or torch.float32)
     ref = model.detached() if any(c.train.kl_coef > 0 for c in cfgs) else None
     opt = BatchedAdamW(
