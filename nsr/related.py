@@ -181,8 +181,9 @@ def first_k(
     kth_values = torch.topk(flat, k_max, largest=descending, sorted=True).values
     kth = kth_values.gather(0, (k.clamp(1, k_max) - 1).reshape(1))  # the k-th key (far if fewer are eligible)
     beyond = (flat > kth) if descending else (flat < kth)  # never an ineligible token: its key is far
+    n_beyond = ((kth_values > kth) if descending else (kth_values < kth)).sum()  # all of them are in the top k_max
     tied = (flat == kth) & eligible.reshape(-1)
-    chosen = beyond | (tied & (torch.cumsum(tied, 0) <= k - beyond.sum()))
+    chosen = beyond | (tied & (torch.cumsum(tied, 0) <= k - n_beyond))
     return chosen.view_as(key)
 
 
