@@ -137,13 +137,19 @@ def batch_rl_step(
     """One RL step of the ``active`` members: {member: (metrics row without wall_s, ratio_bins row or None)} as
     :func:`experiments.tiny.train.rl_step` returns them for each run. Members that fail are left out of the result
     and recorded in ``failures``; the other members are not affected. ``trace`` (tests): gets each member's rollout
-    completions under ``trace[member]``."""
+    completions under ``trace[member]``.
+
+    On a model on another device than the CPU (experiments/bench_gpu.py) the model's work runs there and the draws
+    that touch its tensors (sampling, the loss's noise) come from generators on that device seeded as the CPU ones:
+    other numbers than a CPU run's, for throughput, not for the grids."""
     failures = _Failures() if failures is None else failures
     gates = gates or [None] * model.S
     c0 = cfgs[active[0]]
     ro, tr0 = c0.rollout, c0.train
     P, G = ro.prompts_per_step, ro.samples_per_prompt
     N, S = P * G, model.S
+    dev = model.device
+    on_cpu = dev.type == "cpu"
     groups = torch.arange(P).repeat_interleave(G)
 
     # rollout: each member's prompts and samples from its own generator, in the single-run order
@@ -151,32 +157,36 @@ def batch_rl_step(
     prompts = torch.zeros(S, P, task.prompt_len, dtype=torch.long)  # each member's P prompts, G samples each
     gens: list[torch.Generator | None] = [None] * S
     for s in active:
-        gens[s] = generator(cfgs[s].seed, step, "rollout")
-        pids = task.sample_train(P, gens[s])
+        g_roll = generator(cfgs[s].seed, step, "rollout")
+        pids = task.sample_train(P, g_roll)
+        gens[s] = g_roll if on_cpu else generator(cfgs[s].seed, step, "rollout", device=dev)
         ids[s] = pids.repeat_interleave(G)
         prompts[s] = task.prompts(pids)
     for s in range(S):  # inactive members decode the first member's prompts greedily (no draw); nothing is kept
         if s not in ids:
             prompts[s] = prompts[active[0]]
+    prompts = prompts.to(dev)
     comps = model.generate(model.params, prompts, ro.max_new_tokens, ro.temperature, gens, group=G, errors=failures)
     mask = response_mask(comps)
-    seq_prompt = torch.arange(N) // G  # sample j of a rollout continues prompt j // G
+    seq_prompt = torch.arange(N, device=dev) // G  # sample j of a rollout continues prompt j // G
     live = [s for s in active if s not in failures]
+    host = {"comps": comps.cpu(), "mask": mask.cpu(), "prompts": prompts.cpu()}  # no copy on the CPU
     if trace is not None:
-        trace.update({s: comps[s].clone() for s in live})
+        trace.update({s: host["comps"][s].clone() for s in live})
 
     rewards, trained, adv, reward_logs = {}, {}, {}, {}
     for s in live:
         try:
             cfg = cfgs[s]
-            rewards[s] = task.rewards(ids[s], comps[s])
+            c, m = host["comps"][s], host["mask"][s]
+            rewards[s] = task.rewards(ids[s], c)
             trained[s], reward_logs[s] = train_rewards(
-                cfg.reward.source, rewards[s], task, MemberView(model, s), prompts[s].repeat_interleave(G, 0),
-                comps[s], mask[s], groups, ro.temperature,
+                cfg.reward.source, rewards[s], task, MemberView(model, s), host["prompts"][s].repeat_interleave(G, 0),
+                c, m, groups, ro.temperature,
             )  # fmt: skip
             adv[s] = nsr.compute_advantages(
                 trained[s], groups, cfg.advantages, generator=generator(cfg.seed, step, "adv")
-            )
+            ).to(dev)
         except Exception as e:
             failures.catch(s, e)
     live = [s for s in live if s not in failures]
@@ -195,7 +205,7 @@ def batch_rl_step(
     for s in live:
         g_shuffle = generator(cfgs[s].seed, step, "shuffle")
         perms[s] = [torch.randperm(N, generator=g_shuffle).chunk(tr0.minibatches) for _ in range(tr0.epochs)]
-        g_loss[s] = generator(cfgs[s].seed, step, "loss")
+        g_loss[s] = generator(cfgs[s].seed, step, "loss", device=dev)
         bins[s] = RatioBins(cfgs[s].loss) if cfgs[s].loss.level == "token" else None
     with_ent = any(cfgs[s].train.entropy_coef > 0 for s in live)
     n_mb = N // tr0.minibatches
@@ -206,7 +216,7 @@ def batch_rl_step(
         for j in range(tr0.minibatches):
             if not live:
                 break
-            idx = torch.stack([perms[s][epoch][j] if s in perms and s in live else filler for s in range(S)])
+            idx = torch.stack([perms[s][epoch][j] if s in perms and s in live else filler for s in range(S)]).to(dev)
             logp, mb_ent = model.logprobs(
                 model.params, prompts, _take(comps, idx), ro.temperature, with_entropy=with_ent, prefix=seq_prompt[idx]
             )
@@ -244,7 +254,9 @@ def batch_rl_step(
                 (grad,) = torch.autograd.grad(sum(t[1].sum() for t in tok), logp, retain_graph=True)
                 for s, loss_tok, r, a, m in tok:
                     try:
-                        bins[s].add(loss_tok, logp[s], r, a, m, grad=grad[s])
+                        parts = (loss_tok.detach(), logp[s].detach(), r, a, m, grad[s])
+                        *args, g = parts if on_cpu else (t.cpu() for t in parts)  # the bins' counts live on the CPU
+                        bins[s].add(*args, grad=g)
                     except Exception as e:
                         failures.catch(s, e)
             model.zero_grad()
@@ -264,36 +276,43 @@ def batch_rl_step(
             opt.step([s for s in ok if not gated[s]])
             for s in ok:
                 x = rec[s]
-                if x["r"] is not None:
+                vals = [x["met"][k] for k in nsr.METRIC_KEYS] + [x["pg"], grad_norm[s]]
+                if x["kl"] is not None:
+                    vals.append(x["kl"])
+                if x["r"] is not None:  # token ratios outside the region, either side (clipped or not)
                     m, r = m_all[s], x["r"]
-                    out = (r[m] < cfgs[s].loss.low) | (r[m] > cfgs[s].loss.high)
-                    x["ratio_out"] = out.float().mean()
-                x["grad_norm"] = grad_norm[s]
+                    vals.append(((r[m] < cfgs[s].loss.low) | (r[m] > cfgs[s].loss.high)).float().mean())
+                x["vals"] = torch.stack([v.to(torch.float64) for v in vals])  # exact: float32 values fit float64
                 x["head"], x["gated"] = head.get(s), gated[s]
                 updates[s].append(x)
             live = [s for s in live if s not in failures]
 
     result = {}
+    ent = ent.cpu()
     for s in live:
         try:
             acc: dict[str, float] = {}
             per_update: dict[str, list[float]] = {k: [] for k in nsr.METRIC_KEYS}
-            for x in updates[s]:
+            table = torch.stack([x["vals"] for x in updates[s]]).tolist()  # one read per run and step
+            n = len(nsr.METRIC_KEYS)
+            for x, v in zip(updates[s], table):
+                rest = iter(v[n + 2 :])
+                kl = next(rest) if x["kl"] is not None else None
                 record_update(
                     acc,
                     per_update,
-                    {k: x["met"][k].item() for k in nsr.METRIC_KEYS},
-                    policy_loss=x["pg"].item(),
-                    grad_norm=x["grad_norm"].item(),
+                    dict(zip(nsr.METRIC_KEYS, v[:n])),
+                    policy_loss=v[n],
+                    grad_norm=v[n + 1],
                     grad_clip=cfgs[s].train.grad_clip,
-                    ref_kl=None if x["kl"] is None else x["kl"].item(),
+                    ref_kl=kl,
                     head_norm=x["head"],
                     gated=x["gated"],
-                    ratio_out=x["ratio_out"].item() if "ratio_out" in x else None,
+                    ratio_out=next(rest) if x["r"] is not None else None,
                 )
             row = step_row(
-                step, cfgs[s], rewards[s], trained[s], adv[s], comps[s], mask[s], ent[s], acc, per_update,
-                reward_logs[s],
+                step, cfgs[s], rewards[s], trained[s], adv[s].cpu(), host["comps"][s], host["mask"][s], ent[s], acc,
+                per_update, reward_logs[s],
             )  # fmt: skip
             result[s] = (row, None if bins[s] is None else bins[s].row(step))
         except Exception as e:
@@ -319,7 +338,7 @@ def batch_evaluate(
     rows: dict[int, list[dict]] = {s: [] for s in members}
     if len(ids) == 0 or not members:
         return rows
-    prompts = task.prompts(ids)
+    prompts = task.prompts(ids).to(model.device)
     max_new = cfg.rollout.max_new_tokens
     decodings = []
     if e.greedy:
@@ -338,8 +357,9 @@ def batch_evaluate(
             if decoding == "greedy":
                 comps = model.generate(params, p, max_new, greedy=True)
             else:  # the prompts repeated n_samples times in a row (repeat_interleave), as experiments.tiny.evaluate
-                gens = [generator(e.seed, step, "eval") for _ in chunk]
+                gens = [generator(e.seed, step, "eval", device=model.device) for _ in chunk]
                 comps = model.generate(params, p, max_new, e.temperature, gens, group=k, errors=errors)
+            comps = comps.cpu()
             for c, s in enumerate(chunk):
                 if c in errors:
                     failures.setdefault(s, errors[c])
@@ -359,6 +379,7 @@ def train_batch(
     progress: bool = True,
     dtype: torch.dtype | None = None,
     trace: dict | None = None,
+    device: str | torch.device = "cpu",
 ) -> dict[int, tuple[BaseException, str]]:
     """Train ``cfgs`` (compatible: :func:`check_batch`) as one batch, run ``i`` into ``folders[i]`` (paths or
     RunDirs), each resuming from its own checkpoint if it has one. Returns {run index: (exception, traceback)} of the
@@ -366,7 +387,8 @@ def train_batch(
     went on). An exception that is no run's (an interrupt, an error in the batched forward) propagates.
 
     ``dtype`` and ``trace``: tests only (float64 for the engine-equivalence test; ``trace[(run, step)]`` gets each
-    run's rollout completions)."""
+    run's rollout completions). ``device``: where the model computes (the CPU for every committed run; a GPU draws
+    other numbers, see :func:`batch_rl_step`)."""
     check_batch(cfgs)
     if len(folders) != len(cfgs):
         raise ValueError(f"{len(cfgs)} configs and {len(folders)} folders; allowed: one folder per config")
@@ -387,7 +409,7 @@ def train_batch(
         if rd.config_path.exists():  # experiments.run wrote it; a bare train_batch into a folder records nothing
             record_warm_start(rd, cfg, warm[key][1])
             rd.update_meta(engine={"trainer": "batched", "runs": len(cfgs)})  # provenance, not identity
-    model = BatchedGPT2(c0.model, [warm[sft_key(c)][0] for c in cfgs], dtype or torch.float32)
+    model = BatchedGPT2(c0.model, [warm[sft_key(c)][0] for c in cfgs], dtype or torch.float32, device)
     ref = model.detached() if any(c.train.kl_coef > 0 for c in cfgs) else None
     opt = BatchedAdamW(
         model, [c.train.lr for c in cfgs], [c.train.adam_betas for c in cfgs], [c.train.weight_decay for c in cfgs]

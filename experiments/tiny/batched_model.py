@@ -57,7 +57,7 @@ def hf_layout(mcfg: ModelConfig) -> tuple[list[str], dict[str, torch.Size], dict
 class BatchedGPT2:
     """S GPT-2s of shape ``mcfg``; member ``s`` starts from ``states[s]`` (an HF ``GPT2LMHeadModel`` state dict)."""
 
-    def __init__(self, mcfg: ModelConfig, states: list[dict], dtype: torch.dtype = torch.float32):
+    def __init__(self, mcfg: ModelConfig, states: list[dict], dtype: torch.dtype = torch.float32, device="cpu"):
         if not states:
             raise ValueError("BatchedGPT2 needs at least one member state")
         self.mcfg = mcfg
@@ -71,9 +71,9 @@ class BatchedGPT2:
             self.offsets[name] = (n, n + k)
             n += k
         self.n = n
-        self.flat = torch.zeros(self.S, n, dtype=dtype)
+        self.flat = torch.zeros(self.S, n, dtype=dtype, device=device)
         """(S, n) every member's weights, member-major; the parameters are views of it."""
-        self.grad = torch.zeros(self.S, n, dtype=dtype)
+        self.grad = torch.zeros(self.S, n, dtype=dtype, device=device)
         """(S, n) every member's gradient; each parameter's ``.grad`` is a view of it."""
         self.params: dict[str, torch.Tensor] = {}
         for name in self.names:
@@ -83,11 +83,15 @@ class BatchedGPT2:
             self.params[name] = p
         for s, state in enumerate(states):
             self.load_member(s, state)
-        self._member_offsets = torch.arange(self.S).view(self.S, 1, 1)
+        self._member_offsets = torch.arange(self.S, device=device).view(self.S, 1, 1)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.flat.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.flat.device
 
     # ---------------------------------------------------------------- member state (the single-run formats)
     def load_member(self, s: int, state: dict) -> None:
@@ -104,7 +108,7 @@ class BatchedGPT2:
         out = {}
         for name in self.names:
             a, b = self.offsets[name]
-            out[name] = self.flat[s, a:b].detach().clone().view(self.shapes[name])
+            out[name] = self.flat[s, a:b].detach().to("cpu", copy=True).view(self.shapes[name])
         out.update({k: v.clone() for k, v in self.buffers.items()})
         out[TIED[0]] = out[TIED[1]]
         return {k: out[k] for k in self._state_order(out)}
@@ -116,7 +120,7 @@ class BatchedGPT2:
 
     def subset(self, members: list[int]) -> dict[str, torch.Tensor]:
         """Detached weights of ``members`` (for no-grad work on part of the batch)."""
-        idx = torch.tensor(members)
+        idx = torch.tensor(members, device=self.device)
         return {k: v.detach().index_select(0, idx) for k, v in self.params.items()}
 
     def detached(self) -> dict[str, torch.Tensor]:
@@ -208,8 +212,9 @@ class BatchedGPT2:
         Returns the (S', N, max_new_tokens) tokens."""
         S, U, p = prompts.shape
         N = U * group
-        out = torch.full((S, N, max_new_tokens), EOS, dtype=torch.long)
-        done = torch.zeros(S, N, dtype=torch.bool)
+        dev = prompts.device
+        out = torch.full((S, N, max_new_tokens), EOS, dtype=torch.long, device=dev)
+        done = torch.zeros(S, N, dtype=torch.bool, device=dev)
         finished = [False] * S
         logits, past = self.forward(params, prompts, first_logit=p - 1)
         logits = logits[:, :, -1]
@@ -229,7 +234,7 @@ class BatchedGPT2:
                 nxt = logits.argmax(-1)
             else:
                 probs = torch.softmax(logits / temperature, -1)
-                nxt = torch.full((S, N), EOS, dtype=torch.long)
+                nxt = torch.full((S, N), EOS, dtype=torch.long, device=dev)
                 for s in range(S):
                     if finished[s]:
                         continue
@@ -263,7 +268,7 @@ class BatchedGPT2:
         S, U, p = prompts.shape
         B, T = completions.shape[1:]
         if prefix is None:
-            prefix = torch.arange(B).expand(S, B)
+            prefix = torch.arange(B, device=completions.device).expand(S, B)
         rows = (prefix + self._member_offsets[:S, 0] * U).reshape(-1)  # (S B,) rows of the prompts' cache
         last, past = self.forward(params, prompts, first_logit=p - 1)  # (S, U, 1, V): the first token's logits
         logits = last.reshape(S * U, -1).index_select(0, rows).view(S, B, 1, -1)
@@ -286,7 +291,7 @@ def _attend(q, k, v, n_past: int):
         return F.scaled_dot_product_attention(q, k, v)
     if n_past == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    allowed = torch.ones(L, n_past + L, dtype=torch.bool).tril(n_past)
+    allowed = torch.ones(L, n_past + L, dtype=torch.bool, device=q.device).tril(n_past)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
 
@@ -309,7 +314,8 @@ class MemberView:
     @torch.no_grad()
     def __call__(self, input_ids, use_cache: bool = False, **_):
         params = {k: v.detach()[self.s : self.s + 1] for k, v in self.model.params.items()}
-        return self._Out(self.model.logits(params, input_ids.unsqueeze(0))[0])
+        logits = self.model.logits(params, input_ids.to(self.model.device).unsqueeze(0))[0]
+        return self._Out(logits.to(input_ids.device))
 
 
 class BatchedAdamW:
@@ -328,7 +334,7 @@ class BatchedAdamW:
         self.steps = [0] * S
 
     def _col(self, values, rows) -> torch.Tensor:
-        return torch.tensor([values[s] for s in rows], dtype=self.model.dtype).unsqueeze(1)
+        return torch.tensor([values[s] for s in rows], dtype=self.model.dtype, device=self.model.device).unsqueeze(1)
 
     @torch.no_grad()
     def step(self, members: list[int]) -> None:
@@ -336,7 +342,7 @@ class BatchedAdamW:
         if not members:
             return
         every = len(members) == self.model.S
-        idx = None if every else torch.tensor(members)
+        idx = None if every else torch.tensor(members, device=self.model.device)
         p, g, m, v = (t if every else t.index_select(0, idx) for t in
                       (self.model.flat, self.model.grad, self.exp_avg, self.exp_avg_sq))  # fmt: skip
         for s in members:
@@ -367,8 +373,8 @@ class BatchedAdamW:
                 shape = model.shapes[name]
                 state[i] = {
                     "step": torch.tensor(float(self.steps[s])),
-                    "exp_avg": self.exp_avg[s, a:b].clone().view(shape),
-                    "exp_avg_sq": self.exp_avg_sq[s, a:b].clone().view(shape),
+                    "exp_avg": self.exp_avg[s, a:b].to("cpu", copy=True).view(shape),
+                    "exp_avg_sq": self.exp_avg_sq[s, a:b].to("cpu", copy=True).view(shape),
                 }
         group = {
             "lr": self.lr[s],
@@ -415,7 +421,7 @@ def clip_grad_norms(model: BatchedGPT2, max_norm: list[float]) -> torch.Tensor:
     (norm 2 over all its parameters; coefficient max_norm / (norm + 1e-6), at most 1). Returns the (S,) norms
     before clipping."""
     norms = torch.linalg.vector_norm(model.grad, dim=1)
-    limit = torch.tensor(max_norm, dtype=model.dtype)
+    limit = torch.tensor(max_norm, dtype=model.dtype, device=model.device)
     coef = (limit / (norms + 1e-6)).clamp(max=1.0)
     model.grad.mul_(coef.unsqueeze(1))
     return norms
