@@ -332,25 +332,35 @@ def test_a_failing_run_fails_alone(env, tmp_path, monkeypatch):
 
 
 def test_a_batch_checkpoint_is_a_single_run_checkpoint(env, tmp_path):
-    """A run checkpointed by the batch resumes in the single-run trainer (float64: to the batch's own rows)."""
+    """A run checkpointed by the batch resumes in the single-run trainer, and the other way round (float64: to the
+    rows of a run that never changed trainer)."""
     quick = ["loss.rule=nsr", "seed=3", "eval.every=0", "advantages.kind=random_reward", "logging.keep_checkpoint=true"]
-    cfg = config([*quick, "train.steps=4"])
+    cfg, two = config([*quick, "train.steps=4"]), config([*quick, "train.steps=2"])
     b = RunDir(tmp_path / "batch")
     assert train_batch([cfg], [b.path], progress=False, dtype=torch.float64) == {}
     ck = torch.load(b.checkpoint_path, weights_only=True)
     assert ck["step"] == 4 and ck["run_hash"] == cfg.run_hash() and ck["warm_start"] == warm_start(cfg)[1]["sha256"]
     assert set(ck["model"]) == set(build_model(cfg.model, generator(0, "x")).state_dict())
-    # cut the batch run back to its step-2 checkpoint and let the single-run trainer finish it
-    s = RunDir(tmp_path / "single")
-    s.path.mkdir()
-    two = config([*quick, "train.steps=2"])
-    train_batch([two], [s.path], progress=False, dtype=torch.float64)  # steps 1-2 of cfg, kept checkpoint
-    state = torch.load(s.checkpoint_path, weights_only=True)
-    state["run_hash"] = cfg.run_hash()
-    torch.save(state, s.checkpoint_path)
-    (s.path / "eval.jsonl.gz").unlink()
+
+    def first_two_steps(folder, trainer):
+        """Steps 1-2 of cfg by ``trainer`` (a 2-step config: the same draws), its checkpoint relabelled as cfg's."""
+        rd = RunDir(tmp_path / folder)
+        rd.path.mkdir()
+        trainer(rd)
+        state = torch.load(rd.checkpoint_path, weights_only=True)
+        assert state["step"] == 2
+        state["run_hash"] = cfg.run_hash()
+        torch.save(state, rd.checkpoint_path)
+        (rd.path / "eval.jsonl.gz").unlink()
+        return rd
+
+    s = first_two_steps("b-then-s", lambda rd: train_batch([two], [rd.path], progress=False, dtype=torch.float64))
     single.train(cfg, s, progress=False, dtype=torch.float64)
-    for x, y in zip(_rows(s), _rows(b)):
-        assert _close(x, y, 0) < 1e-9
-    with gzip.open(b.path / "ratio_bins.jsonl.gz") as f:
-        assert len([json.loads(line) for line in f]) == 4
+    t = first_two_steps("s-then-b", lambda rd: single.train(two, rd, progress=False, dtype=torch.float64))
+    assert train_batch([cfg], [t.path], progress=False, dtype=torch.float64) == {}
+    for rd in (s, t):
+        assert [r["step"] for r in _rows(rd)] == [1, 2, 3, 4]
+        for x, y in zip(_rows(rd), _rows(b)):
+            assert _close(x, y, 0) < 1e-9
+        with gzip.open(rd.path / "ratio_bins.jsonl.gz") as f:
+            assert len([json.loads(line) for line in f]) == 4
