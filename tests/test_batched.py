@@ -7,7 +7,7 @@ numbers do not depend on its batch (bit for bit in float32), the compatibility k
 contract per run through ``experiments.run --seeds`` (config, rows, evals, status, a resume after a crash), a run that
 fails fails alone, and a batch checkpoint is a single-run checkpoint.
 
-Small sizes (a 40-step warm start, 8 x 4 rollouts) keep the file near a minute on one core.
+Small sizes (a 10-step warm start, 8 x 4 rollouts) keep the file near a minute on one core.
 """
 
 import gzip
@@ -33,11 +33,11 @@ from experiments.tiny.task import get_task
 pytestmark = pytest.mark.filterwarnings("ignore:grad and param do not obey the gradient layout contract")
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 BASE = [
-    "sft.steps=20", "sft.warmup=5", "sft.batch_size=64", "rollout.prompts_per_step=8", "rollout.samples_per_prompt=4",
+    "sft.steps=10", "sft.warmup=5", "sft.batch_size=32", "rollout.prompts_per_step=8", "rollout.samples_per_prompt=4",
     "train.minibatches=2", "train.steps=10", "eval.every=5", "eval.n_prompts=16", "eval.n_samples=3",
     "logging.checkpoint_every=5", "logging.progress=false",
 ]  # fmt: skip
-"""A 20-step warm start earns almost no verifier reward, so most runs train on coin-flip rewards (random_reward) or a
+"""A 10-step warm start earns almost no verifier reward, so most runs train on coin-flip rewards (random_reward) or a
 label-free reward: every run has a gradient; the verifier's reward is still computed and logged."""
 MEMBERS = [  # eight runs that differ in everything a batch lets them differ in
     ["loss.rule=hard", "seed=0", "advantages.kind=random_reward"],
@@ -50,7 +50,7 @@ MEMBERS = [  # eight runs that differ in everything a batch lets them differ in
     ["loss.rule=clip_cov", "loss.clip_cov_frac=0.05", "seed=5", "train.kl_coef=0.1", "train.entropy_coef=0.01",
      "advantages.kind=random_reward"],
     ["loss.rule=gppo", "seed=6", "train.dgg=true", "train.dgg_k=1.5", "advantages.kind=random_reward"],
-    ["loss.rule=cispo", "seed=7", "reward.source=vote", "advantages.noise=0.1", "advantages.noise_mode=add"],
+    ["loss.rule=cispo", "seed=7", "reward.source=vote", "advantages.noise=0.1", "advantages.noise_mode=add_all"],
 ]  # fmt: skip
 
 
