@@ -17,6 +17,11 @@ run again: the message says where it is. Bad config: a clear error, and no folde
 
 Exit status: 0 done, 2 bad input (nothing created), 3 the folder refuses the run (done, another config, locked,
 not writable), 143 cancelled (SIGTERM).
+
+Many seeds in one process (tiny backend; docs/testbed.md, "Batched testbed"):
+    python -m experiments.run sweeps/presets/tiny.yaml loss.rule=nsr --seeds 0-7 --out /tmp/nsr-seeds
+trains the 8 seeds as one batched model, one run folder per seed, ``<config stem>-s<seed>-<run hash>`` under
+``--out``; exit 1 if a run failed (alone: the others finish).
 """
 
 from __future__ import annotations
@@ -213,6 +218,122 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
         signal.signal(signal.SIGTERM, previous)
 
 
+def run_batch(
+    cfgs: list[RunConfig],
+    folders: list,
+    *,
+    run_ids: list[str] | None = None,
+    metas: list[dict] | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> list[dict]:
+    """Run compatible tiny configs as one batched process (experiments/tiny/batched.py), ``cfgs[i]`` into
+    ``folders[i]``, each folder with the contract of :func:`run`: every folder is locked and checked first (a folder
+    that :func:`run` refuses refuses the whole batch, and nothing is written); a run that is done is skipped (rerun
+    from scratch with ``force``); the others get config.yaml and status running, resume from their checkpoints, and
+    end done, or failed alone (the others go on). SIGTERM or an error that is no single run's ends the batch: its
+    unfinished runs are cancelled or failed. Returns the final status of every run, in order. Raises ConfigError
+    for configs that cannot share a batch (``experiments.tiny.batched.check_batch``), RunExistsError if every run
+    is done, RunLockedError / RunFolderError as :func:`run`."""
+    from experiments.tiny.batched import check_batch, train_batch
+
+    check_batch(cfgs)
+    rds = [RunDir(f) for f in folders]
+    for rd in rds:
+        if rd.path.exists() and not rd.path.is_dir():
+            raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
+    before = [(rd.path.exists(), rd.lock_path.exists()) for rd in rds]
+    with contextlib.ExitStack() as stack:
+        todo = []
+        try:
+            for i, rd in enumerate(rds):
+                stack.enter_context(rd.lock())
+                try:
+                    check_folder(rd, cfgs[i], force)
+                    todo.append(i)
+                except RunExistsError:  # a done run is skipped; another config's folder refuses the batch
+                    if rd.state() != "done" or rd.config_hash() != cfgs[i].run_hash():
+                        raise
+        except RunFolderError:
+            stack.close()  # refused before anything was written: leave every place as it was
+            for rd, (existed, had_lock) in zip(rds, before):
+                with contextlib.suppress(OSError):
+                    if not had_lock:
+                        rd.lock_path.unlink(missing_ok=True)
+                    if not existed:
+                        rd.path.rmdir()
+            raise
+        if not todo:
+            raise RunExistsError(f"every run of this batch is done ({len(rds)}); pass --force to run them again")
+        for i in todo:
+            if force:
+                rds[i].clear()
+            rds[i].write_config(cfgs[i], run_id=run_ids[i] if run_ids else None, **(metas[i] if metas else {}))
+            rds[i].set_status("running", run_hash=cfgs[i].run_hash())
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            train_batch([cfgs[i] for i in todo], [rds[i] for i in todo], progress=progress)
+        except BaseException as e:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            error = f"{type(e).__name__}: {e}"
+            for i in todo:
+                if rds[i].state() != "running":  # failed alone before the batch stopped
+                    continue
+                if isinstance(e, (Cancelled, KeyboardInterrupt, SystemExit)):
+                    rds[i].set_status("cancelled", error=error)
+                else:
+                    rds[i].set_status("failed", error=error, traceback=traceback.format_exc()[-4000:])
+            raise
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for i in todo:
+                if rds[i].state() == "running":
+                    rds[i].set_status("done")
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return [rd.status() for rd in rds]
+
+
+def _main_seeds(args) -> int:
+    """``CONFIG [overrides] --seeds 0-7 [--out DIR]``: the seeds in one batch (:func:`run_batch`), run ``i`` in
+    ``DIR/<config stem>-s<seed>-<run hash>`` (default DIR: results/runs/adhoc). Exit 0 all done, 1 a run failed,
+    2 bad input, 3 the folders refuse the batch, 143 cancelled."""
+    from experiments.tiny.batched import check_batch, parse_seeds, seed_run_id
+
+    try:
+        if args.sweep or args.dry_run or not args.config:
+            raise ConfigError("--seeds takes a config file and overrides (not --sweep, not --dry-run)")
+        if any(o.split("=", 1)[0].strip() == "seed" for o in args.overrides):
+            raise ConfigError("seed=... and --seeds both given; allowed: one of them")
+        base = load_config(args.config, args.overrides)
+        cfgs = [base.replace(seed=s) for s in parse_seeds(args.seeds)]
+        check_batch(cfgs)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stem = Path(args.config).stem
+    run_ids = [seed_run_id(stem, c) for c in cfgs]
+    outs = [Path(args.out) / r if args.out else default_out("adhoc", r) for r in run_ids]
+    metas = [{"sweep": "adhoc", "arm": stem, "seed": c.seed} for c in cfgs]
+    try:
+        if not args.out and not args.force:
+            for cfg, out in zip(cfgs, outs):
+                other = elsewhere(cfg, out) if RunDir(out).state() != "done" else None
+                if other is not None:
+                    print(f"error: seed {cfg.seed} (hash {cfg.run_hash()}) is {other[0]} in {other[1]}, a config runs "
+                          f"once (pass --force to run it again into {out})", file=sys.stderr)  # fmt: skip
+                    return 3
+        statuses = run_batch(cfgs, outs, run_ids=run_ids, metas=metas, force=args.force, progress=not args.no_progress)
+    except RunFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except Cancelled:
+        return 143
+    for st, out in zip(statuses, outs):
+        print(f"{st['state']}: {out}" + (f" ({st.get('error')})" if st["state"] == "failed" else ""))
+    return 0 if all(st["state"] == "done" for st in statuses) else 1
+
+
 def elsewhere(cfg: RunConfig, out: Path, root: Path | None = None) -> tuple[str, Path] | None:
     """("done" | "running", folder) if another folder under ``root`` (default RUNS_ROOT) holds this config done, or
     running (locked); None otherwise. A config runs once, whichever sweeps contain it."""
@@ -242,6 +363,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help="with --sweep: replace the sweep's preset (e.g. tiny)")
     p.add_argument("--out", help="run folder (default results/runs/<sweep>/<run_id>)")
     p.add_argument("--force", action="store_true", help="rerun a finished run of this config from scratch")
+    p.add_argument(
+        "--seeds",
+        help="tiny backend: train these seeds of CONFIG in one batched process (e.g. 0-7, 0,3,5), one run folder "
+        "per seed, <config stem>-s<seed>-<run hash>, under --out (default results/runs/adhoc)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--dry-run",
@@ -318,6 +444,8 @@ def dry_run(args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)  # `CONFIG --out X key=value` works: overrides after options
+    if args.seeds is not None:
+        return _main_seeds(args)
     if args.dry_run:
         try:
             lines = dry_run(args)

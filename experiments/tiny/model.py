@@ -70,6 +70,12 @@ def build_model(mcfg: ModelConfig, generator: torch.Generator) -> torch.nn.Modul
     return MODELS[mcfg.name](mcfg, generator)
 
 
+def float_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Logits as float32 for sampling and log-probs; float64 ones stay float64 (the tests' float64 switch: a model
+    moved to float64 computes in float64 throughout; a float32 model is unchanged)."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
 def response_mask(completions: torch.Tensor) -> torch.Tensor:
     """(N, T) completion tokens -> (N, T) bool: tokens up to and including the first EOS (all if none)."""
     is_eos = completions == EOS
@@ -101,7 +107,7 @@ def generate(
     past, inp = None, prompts
     for t in range(max_new_tokens):
         res = model(input_ids=inp, past_key_values=past, use_cache=True)
-        past, logits = res.past_key_values, res.logits[:, -1].float()
+        past, logits = res.past_key_values, float_logits(res.logits[:, -1])
         if greedy:
             nxt = logits.argmax(-1)
         else:
@@ -132,7 +138,7 @@ def logprobs(
     """
     p = prompts.shape[1]
     seq = torch.cat([prompts, completions[:, :-1]], 1)
-    logits = model(input_ids=seq, use_cache=False).logits[:, p - 1 :].float()
+    logits = float_logits(model(input_ids=seq, use_cache=False).logits[:, p - 1 :])
     if temperature != 1.0:
         logits = logits / temperature
     logz = torch.log_softmax(logits, -1)
