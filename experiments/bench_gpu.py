@@ -38,9 +38,9 @@ from experiments.rundir import REPO_ROOT
 from experiments.tiny.batched import batch_rl_step
 from experiments.tiny.batched_model import BatchedAdamW, BatchedGPT2
 from experiments.tiny.model import build_model
-from experiments.tiny.rng import generator
 from experiments.tiny.sft import committed_dir, sft_key, sft_path
 from experiments.tiny.task import get_task
+from nsr.seeds import generator
 
 TINY_PRESET = REPO_ROOT / "sweeps" / "presets" / "tiny.yaml"
 SMALL = ["rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "train.minibatches=2"]

@@ -367,12 +367,12 @@ _METHOD = ("backend", "seed", "rollout", "train", "loss", "advantages", "reward"
 IDENTITY: dict[str, tuple[str, ...]] = {
     "tiny": (*_METHOD, "model", "sft", "task.name", "logging.keep_checkpoint"),
     "trl": (*_METHOD, "model", "sft", "task", "trl", "logging.checkpoint_every", "logging.keep_checkpoint"),
-    "openrlhf": (*_METHOD, "model.name", "task", "openrlhf", "logging.keep_checkpoint"),
+    "openrlhf": (*_METHOD, "model", "task", "openrlhf", "logging.keep_checkpoint"),
 }
 """Per backend, the dotted fields (a section stands for all its fields) that a run's outputs depend on: its numbers,
 its evaluation, and the files it leaves (``logging.keep_checkpoint`` keeps the final checkpoint; the trl backend keeps
 every ``checkpoint_every`` checkpoint). Left out: other backends' sections, fields the backend never reads (tiny:
-task.train_data and the other openrlhf task fields; openrlhf: the tiny model's sizes and the warm start), the progress
+task.train_data and the other openrlhf task fields; openrlhf: the warm start), the progress
 bar, and ``train.allow_on_policy`` (a guard at construction; no trainer reads it). The sections of the method
 (``loss``, ``advantages``) enter whole: a rule's parameters are part of its config even where the rule ignores one
 (the hard rule at delta 0.5 is its own config, with the numbers of delta 0.2). tests/test_identity.py checks, on the

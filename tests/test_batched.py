@@ -26,9 +26,9 @@ from experiments.rundir import REPO_ROOT, RunDir, RunExistsError, read_jsonl
 from experiments.tiny.batched import batch_key, batch_rl_step, check_batch, parse_seeds, seed_run_id, train_batch
 from experiments.tiny.batched_model import BatchedAdamW, BatchedGPT2
 from experiments.tiny.model import build_model, generate, logprobs
-from experiments.tiny.rng import generator
 from experiments.tiny.sft import warm_start
 from experiments.tiny.task import get_task
+from nsr.seeds import generator
 
 pytestmark = pytest.mark.filterwarnings("ignore:grad and param do not obey the gradient layout contract")
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"

@@ -174,7 +174,7 @@ def test_each_backend_leaves_out_the_others_sections():
     assert {"openrlhf", "trl"}.isdisjoint(tiny.identity()) and tiny.identity()["task"] == {"name": "countdown3"}
     assert "allow_on_policy" not in tiny.identity()["train"]
     cluster = load_config(REPO_ROOT / "sweeps" / "presets" / "qwen2.5-math-7b-dapo.yaml")
-    assert "sft" not in cluster.identity() and cluster.identity()["model"] == {"name": cluster.model.name}
+    assert "sft" not in cluster.identity() and cluster.identity()["model"]["name"] == cluster.model.name
     assert cluster.replace(trl=dataclasses.replace(cluster.trl, use_vllm=True)).run_hash() == cluster.run_hash()
     assert cluster.replace(sft=dataclasses.replace(cluster.sft, steps=1)).run_hash() == cluster.run_hash()
     assert cluster.replace(seed=1).run_hash() != cluster.run_hash()

@@ -46,11 +46,9 @@ from experiments.config import ConfigError, RunConfig, project
 from experiments.rundir import RunDir
 from experiments.tiny import set_threads
 from experiments.tiny.batched_model import WTE, BatchedAdamW, BatchedGPT2, MemberView, clip_grad_norms
-from experiments.tiny.dgg import GradientGate
 from experiments.tiny.evaluate import eval_rows, summary
 from experiments.tiny.model import response_mask
 from experiments.tiny.rewards import train_rewards
-from experiments.tiny.rng import generator
 from experiments.tiny.sft import record_warm_start, sft_key, warm_start
 from experiments.tiny.task import Task, get_task
 from experiments.tiny.train import (
@@ -62,6 +60,8 @@ from experiments.tiny.train import (
     save_checkpoint,
     step_row,
 )
+from nsr.gating import GradientGate
+from nsr.seeds import generator
 
 SHARED = ("backend", "model", "task.name", "rollout", "train.steps", "train.epochs", "train.minibatches", "eval")
 """The fields every run of a batch has in common (dotted; a section stands for all its fields)."""
