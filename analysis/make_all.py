@@ -295,6 +295,11 @@ def make_all(
         head = "### Stage A: regime search (pre-registered in analysis/regime.yaml; `python -m analysis.power regime`)"
         files.append(write_text(tab("stage_a.md"), f"{head}\n\n{regime.readout_markdown(stage_a)}", out))
         say(f"stage A readout (tables/stage_a.md): {regime.verdict(stage_a)}")
+    if (summary["sweep"] == "regime_a2").any():  # stage A2 (analysis/regime.yaml, section stage_a2)
+        stage_a2 = regime.regime_readout(runs, stage="a2", rs=rs)
+        head = "### Stage A2: regime search, direct gate (pre-registered; `python -m analysis.regime ROOT --stage a2`)"
+        files.append(write_text(tab("stage_a2.md"), f"{head}\n\n{regime.readout_markdown(stage_a2)}", out))
+        say(f"stage A2 readout (tables/stage_a2.md): {regime.verdict(stage_a2)}")
     if readme is not None:
         block = readme_block(claims_md, fig_dir, readme, n_distinct, sweeps)
         if rewrite_readme(readme, block):

@@ -267,7 +267,7 @@ def candidate_readout(
     n_hard = expected_hard if expected_hard is not None else len(regime.get("seeds", []))
     failed = [c for c in (regime.get("rule_out_on_hard") or {}).get("criteria", []) if not checks[c]]
     out["ruled_out"] = failed if n_hard > 0 and len(hard) == n_hard else []
-    if gate is not None and gate.get("passes") is False:  # a decided gate that fails rules the candidate out
+    if gate is not None and gate.get("state") == "complete" and gate.get("passes") is False:  # a gate run that failed
         out["ruled_out"] = [*out["ruled_out"], "gate"]
 
     # dose and dose-matched widening (hard runs only), and the spread of paired differences (means not used)
@@ -457,8 +457,10 @@ MEASURES = {
 def _cell(cand: dict, crit: str) -> str:
     if cand["checks"][crit]:
         return "pass"
+    if crit == "gate" and cand["gate"]["state"] != "complete":
+        return cand["gate"]["state"]
     if crit == "gate" and cand["gate"].get("passes") is None:
-        return cand["gate"]["state"] if cand["gate"]["state"] != "complete" else "pending (Holm)"
+        return "pending (Holm)"
     measured = [cand.get(k, math.nan) for k in MEASURES.get(crit, ())]
     return "n/a" if measured and not any(math.isfinite(v) for v in measured) else "FAIL"
 

@@ -92,3 +92,20 @@ def test_the_analysis_pairs_only_runs_from_the_same_weights():
     r = compare(s, "nsr", "hard", "pass@1")
     assert r["n"] == 3 and [k[0] for k in r["seeds"]] == [0, 1, 2]
     assert r["mean"] == pytest.approx((0.1 + 0.05 + 0.0) / 3)  # seed 3's 0.9 - 0.4 is not a pair
+
+
+def test_committed_warm_starts_are_the_weights_the_committed_runs_record():
+    """Every committed warm start hashes to what the committed runs that name its key recorded (the file is theirs)."""
+    from experiments.rundir import RUNS_ROOT
+
+    store = REPO_ROOT / "results" / "warm_starts"
+    files = sorted(store.glob("*.pt"))
+    assert files
+    recorded: dict[str, set[str]] = {}
+    for cfg in RUNS_ROOT.rglob("config.yaml"):
+        ws = (RunDir(cfg.parent).read_config().get("meta") or {}).get("warm_start")
+        if ws:
+            recorded.setdefault(ws["key"], set()).add(ws["sha256"])
+    for f in files:
+        blob = torch.load(f, weights_only=True)
+        assert recorded.get(f.stem) == {weights_sha256(blob["state_dict"])}, f.name
