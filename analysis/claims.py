@@ -38,8 +38,10 @@ POSTHOC_FILE = Path(__file__).with_name("posthoc.yaml")
 SUPPORTS, CONTRADICTS, INCONCLUSIVE, NO_DATA = "supports", "contradicts", "inconclusive", "no data"
 NOT_REPRODUCED = "not reproduced at this scale"
 UNTESTABLE = "untestable here"
-"""A comparison whose baseline arm shows no variation over the pairs (e.g. no hard run has an entropy spike): what the
-claim says a rule avoids or changes does not happen here, so no power can be claimed for it."""
+"""A comparison where the metric does not move: every run of both arms over the pairs shows one and the same value
+(e.g. no hard and no nsr run has an entropy spike): what the claim says a rule avoids or changes does not happen
+here, so no power can be claimed for it. A flat baseline alone is not enough (no clean run spikes, every noisy run
+does: that is an effect, tested as any other)."""
 
 # expect -> (null value of a - b given the margin, sign of a - b the paper predicts). The test is of mean = null;
 # a significant mean on the predicted side supports, on the other side contradicts.
@@ -160,7 +162,7 @@ def verdict(
     test: Comparison, mean: float, p_holm: float, pw: float, n: int, min_pairs: int, untestable: bool = False
 ) -> str:
     """One comparison's verdict from its mean difference, Holm-adjusted p-value and power at the sesoi;
-    ``untestable``: its baseline arm shows no variation (:data:`UNTESTABLE`)."""
+    ``untestable``: the metric does not move in either arm (:data:`UNTESTABLE`)."""
     if n == 0:
         return NO_DATA
     if untestable and n >= min_pairs:
@@ -177,7 +179,7 @@ def verdict(
 
 def combine(verdicts: list[str]) -> str:
     """A claim's verdict: supports if every planned comparison has data and supports; contradicts if some contradict
-    and none support; untestable here if a part cannot be tested (its baseline shows no variation) and none
+    and none support; untestable here if a part cannot be tested (its metric does not move in either arm) and none
     contradicts; not reproduced at this scale if some powered comparison saw nothing and none contradicts (the
     claim needs all its parts); else inconclusive (also: supporting parts while others have no runs yet); no data
     when no comparison has data."""
@@ -225,9 +227,10 @@ def comparisons(s: pd.DataFrame, test: Comparison) -> list[dict]:
         mean, lo, hi, n = interval(diffs)
         null, _ = EXPECT[test.expect](test.margin)
         sd = float(np.std(diffs, ddof=1)) if n >= 2 else math.nan
-        base = dict(zip(pairs(gb), gb[test.metric]))
-        flat = n >= 2 and len({float(base[k]) for k in seeds}) == 1  # the baseline arm shows no variation
-        note = f"no variation in {cps[0]}: every run {fmt(float(base[seeds[0]]))}" if flat else ""
+        base, other = dict(zip(pairs(gb), gb[test.metric])), dict(zip(pairs(ga), ga[test.metric]))
+        values = {float(base[k]) for k in seeds} | {float(other[k]) for k in seeds}
+        flat = n >= 2 and len(values) == 1  # the metric does not move: both arms, every pair, one value
+        note = f"no variation in {la} nor {cps[0]}: every run {fmt(values.pop())}" if flat else ""
         out.append({"a": la, "b": cps[0], "mean": mean, "lo": lo, "hi": hi, "n": n, "note": note, "untestable": flat,
                     "p": t_test(diffs, null), "sd": sd, "mixed": mixed_pairs(s, la, cps[0], seeds)})  # fmt: skip
     return out
@@ -335,8 +338,9 @@ def render(results: list[dict], runs_hint: str = "--preset tiny", posthoc: bool 
         "and figure); t-test p-values Holm-corrected within a claim; a directional comparison that is not "
         "significant is *not reproduced at this scale* when its power to see the smallest effect of interest "
         "(sesoi, fixed per comparison in the claims file; upper 80% confidence limit of the paired SD, level 0.05 / "
-        "planned comparisons) is >= 80%, else *inconclusive*; *untestable here* when the baseline arm shows no "
-        "variation over the pairs (what the claim says a rule avoids does not happen here); fewer than min_pairs "
+        "planned comparisons) is >= 80%, else *inconclusive*; *untestable here* when the metric does not move "
+        "(every run of both arms over the pairs shows one value: what the claim says a rule avoids does not happen "
+        "here); fewer than min_pairs "
         "seeds is inconclusive; "
         '"k legacy/current" counts pairs of a run by older code and one by today\'s.\n'
     )

@@ -213,9 +213,10 @@ def test_power_uses_the_upper_confidence_limit_of_the_sd():
     assert got == pytest.approx(power(0.02, 0.006 * math.sqrt(2 / 0.4462871026284195), 3))
 
 
-def test_a_baseline_without_variation_is_untestable_not_a_null():
-    """No hard run spikes (entropy_spike 0 everywhere): 'NSR avoids the baseline's spikes' cannot be tested here; a
-    zero difference must not read as a powered null (issue: power was taken as 1)."""
+def test_a_metric_that_does_not_move_is_untestable_not_a_null():
+    """No hard and no nsr run spikes (entropy_spike 0 everywhere): 'NSR avoids the baseline's spikes' cannot be tested
+    here; a zero difference must not read as a powered null (issue: power was taken as 1). A flat baseline against an
+    arm that moves is an effect, tested as any other."""
     import pandas as pd
 
     from analysis.claims import UNTESTABLE, Comparison, Side, combine, comparisons, verdict
@@ -224,9 +225,13 @@ def test_a_baseline_without_variation_is_untestable_not_a_null():
                       "point": [{}] * 8, "legacy": [False] * 8, "entropy_spike": [0.0] * 8})  # fmt: skip
     t = Comparison(Side("nsr", {}), Side("hard", {}), "entropy_spike", "less", 0.0, 0.41)
     (row,) = comparisons(s, t)
-    assert row["untestable"] and "no variation in hard" in row["note"]
+    assert row["untestable"] and "no variation in nsr nor hard" in row["note"]
     assert verdict(t, row["mean"], 1.0, 1.0, row["n"], 3, row["untestable"]) == UNTESTABLE
     s.loc[s["label"] == "hard", "entropy_spike"] = [0.0, 0.5, 0.0, 0.2]  # the baseline spikes now: testable
     (row,) = comparisons(s, t)
     assert not row["untestable"]
+    s.loc[s["label"] == "hard", "entropy_spike"] = 0.0  # a flat baseline, the other arm spikes: an effect, testable
+    s.loc[s["label"] == "nsr", "entropy_spike"] = [1.0, 2.0, 1.5, 1.0]
+    (row,) = comparisons(s, t)
+    assert not row["untestable"] and row["n"] == 4 and row["mean"] == pytest.approx(1.375)
     assert combine([UNTESTABLE, "inconclusive"]) == UNTESTABLE and combine([UNTESTABLE, "contradicts"]) == "contradicts"
