@@ -1,4 +1,5 @@
-"""The submitit job: run one grid point into its run folder; checkpointable, so requeue resumes it.
+"""The submitit jobs: run one grid point into its run folder (:class:`RunJob`), or several compatible tiny grid points
+in one batched process (:class:`BatchJob`); checkpointable, so requeue resumes them.
 
 A job carries the resolved config (not the sweep file), so editing a sweep after submitting changes nothing that is
 already queued. The run folder is the checkpoint: ``experiments.run.run`` resumes an unfinished folder of the same
@@ -72,3 +73,45 @@ class RunJob:
         self._requeued = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return submitit.helpers.DelayedSubmission(RunJob(self.config, self.run_id, self.out, self.meta, self.env))
+
+
+@dataclass
+class BatchJob:
+    """Run compatible tiny configs as one batched process (``experiments.run.run_batch``), ``configs[i]`` into
+    ``outs[i]``: one SLURM task for several runs. Each folder keeps the run-folder contract: a run that is done is
+    skipped, one that fails fails alone, and a requeued or restarted batch resumes every unfinished run."""
+
+    configs: list[dict[str, Any]]
+    run_ids: list[str]
+    outs: list[str]
+    metas: list[dict[str, Any]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    _requeued: bool = field(default=False, repr=False)
+
+    def __call__(self) -> list[dict]:
+        from experiments.config import from_dict
+        from experiments.run import run_batch
+        from experiments.rundir import RunDir, RunExistsError
+
+        for key, value in self.env.items():
+            os.environ.setdefault(key, value)
+        cfgs = [from_dict(c, source=f"job {r}") for c, r in zip(self.configs, self.run_ids)]
+        rds = [RunDir(o) for o in self.outs]
+        try:
+            return run_batch(cfgs, self.outs, run_ids=self.run_ids, metas=self.metas or None, progress=False)
+        except RunExistsError:
+            if all(rd.state() == "done" for rd in rds):  # finished by an earlier attempt of this job
+                return [rd.status() for rd in rds]
+            raise
+        except SystemExit:
+            if self._requeued:  # submitit's USR2 handler exits after requeueing: not a failure
+                for rd in rds:
+                    if rd.state() in ("running", "cancelled"):
+                        rd.set_status("cancelled", error=REQUEUED, traceback=None)
+            raise
+
+    def checkpoint(self) -> submitit.helpers.DelayedSubmission:
+        """As :meth:`RunJob.checkpoint`: requeue the same batch; the folders hold the state."""
+        self._requeued = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return submitit.helpers.DelayedSubmission(BatchJob(self.configs, self.run_ids, self.outs, self.metas, self.env))

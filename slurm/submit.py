@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -50,7 +51,7 @@ from experiments.rundir import (
 from experiments.sweep import RunSpec, SweepError, check_ready, expand, load_sweep, sweep_path
 from experiments.yamlio import load_yaml
 from slurm import queue
-from slurm.jobs import RunJob
+from slurm.jobs import BatchJob, RunJob
 
 LOG_ROOT = REPO_ROOT / "logs" / "submitit"
 SITE_FILE = Path(__file__).resolve().parent / "cluster.yaml"
@@ -196,7 +197,8 @@ class Submission:
     sweep: str
     decisions: list[Decision]
     jobs: list = field(default_factory=list)
-    """submitit Jobs, aligned with the submitted decisions."""
+    """submitit Jobs, one per task (a task runs one run, or a batch of compatible tiny runs)."""
+    tasks: int = 0
     arrays: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     plans: list = field(default_factory=list)
@@ -227,9 +229,41 @@ def _params(res: dict, name: str, max_parallel: int | None) -> dict[str, Any]:
     return params
 
 
-def _job(d: Decision, res: dict) -> RunJob:
+def _job(task: list[Decision], res: dict) -> RunJob | BatchJob:
     env = {"NSR_THREADS": str(res["cpus_per_task"])}
-    return RunJob(d.spec.config.to_dict(), d.spec.run_id, str(d.out), dict(d.spec.meta), env)
+    if len(task) == 1:
+        d = task[0]
+        return RunJob(d.spec.config.to_dict(), d.spec.run_id, str(d.out), dict(d.spec.meta), env)
+    return BatchJob(
+        [d.spec.config.to_dict() for d in task],
+        [d.spec.run_id for d in task],
+        [str(d.out) for d in task],
+        [dict(d.spec.meta) for d in task],
+        env,
+    )
+
+
+def pack(decisions: list[Decision], batch_size: int) -> list[list[Decision]]:
+    """The tasks to submit: runs of the tiny backend that can share a batch (same preset and
+    ``experiments.tiny.batched.batch_key``: model, task, rollout, steps, updates, eval) in groups of at most
+    ``batch_size``, in submission order; every other run alone. A batch is an execution detail (its float64 check:
+    tests/test_batched.py), not part of a run's identity."""
+    from experiments.tiny.batched import batch_key
+
+    tasks: list[list[Decision]] = []
+    open_: dict[tuple, list[Decision]] = {}
+    for d in decisions:
+        cfg = d.spec.config
+        if batch_size <= 1 or cfg.backend != "tiny":
+            tasks.append([d])
+            continue
+        key = (d.spec.meta["preset"], batch_key(cfg))
+        cur = open_.get(key)
+        if cur is None or len(cur) >= batch_size:
+            cur = open_[key] = []
+            tasks.append(cur)
+        cur.append(d)
+    return tasks
 
 
 def _record(d: Decision, job, cluster: str, log_dir: Path) -> None:
@@ -272,15 +306,20 @@ def submit(
     log_dir: str | Path | None = None,
     site: str | Path | None = None,
     presets_dir: str | Path | None = None,
+    batch_size: int = 8,
 ) -> Submission:
     """Expand, validate, plan and (unless ``dry_run``) submit a sweep. Raises ConfigError before submitting anything.
 
-    With ``cluster`` local or debug this waits for the jobs; with slurm it returns once they are queued.
+    With ``cluster`` local or debug this waits for the jobs; with slurm it returns once they are queued. Runs of the
+    tiny backend that can share a batch go to one task, at most ``batch_size`` of them (:func:`pack`; 1 = a task per
+    run).
     """
     if cluster not in CLUSTERS:
         raise ConfigError(f"cluster={cluster!r} is not valid; allowed: {', '.join(CLUSTERS)}")
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError(f"max_parallel={max_parallel} is not valid; allowed: >= 1")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} is not valid; allowed: an integer >= 1 (1: a task per run)")
     sw = load_sweep(sweep)
     specs = expand(sw, preset=preset, presets_dir=Path(presets_dir) if presets_dir else None)
     if not dry_run:
@@ -335,20 +374,26 @@ def submit(
     for folder in sorted({d.out.parent for d in sub.submitted} | {logs}):  # before any job is sent
         _check_writable(folder)
     for p in groups:
-        todo = [d for d in sub.submitted if d.spec.meta["preset"] == p]
-        if not todo:
+        tasks = pack([d for d in sub.submitted if d.spec.meta["preset"] == p], batch_size)
+        if not tasks:
             continue
+        res = dict(res_of[p])
+        # a batch of S runs takes about S / 2 single-run times (docs/testbed.md, "Batched testbed"); longer: requeue
+        res["time_min"] = res["time_min"] * math.ceil(max(len(t) for t in tasks) / 2)
         ex = submitit.AutoExecutor(folder=logs / "%j", cluster=cluster)
-        ex.update_parameters(**_params(res_of[p], f"nsr-{sub.sweep}", max_parallel))
+        ex.update_parameters(**_params(res, f"nsr-{sub.sweep}", max_parallel))
+        runs = sum(len(t) for t in tasks)
         if cluster == "slurm":
             with ex.batch():
-                jobs = [ex.submit(_job(d, res_of[p])) for d in todo]
-            sub.arrays.append(f"{jobs[0].job_id.split('_')[0]} ({p}, {len(jobs)} runs)")
-            for d, j in zip(todo, jobs):
-                _record(d, j, cluster, logs)
+                jobs = [ex.submit(_job(t, res)) for t in tasks]
+            sub.arrays.append(f"{jobs[0].job_id.split('_')[0]} ({p}, {runs} runs in {len(tasks)} tasks)")
+            for t, j in zip(tasks, jobs):
+                for d in t:
+                    _record(d, j, cluster, logs)
             sub.jobs += jobs
         else:
-            sub.jobs += _run_here(ex, todo, res_of[p], cluster, logs, max_parallel)
+            sub.jobs += _run_here(ex, tasks, res, cluster, logs, max_parallel)
+        sub.tasks += len(tasks)
     return sub
 
 
@@ -375,16 +420,18 @@ def _resource_plans(decisions: list[Decision], res_of: dict) -> list:
     return [plan_run(d.spec.config, d.spec.run_id, res_of[d.spec.meta["preset"]]["time_min"] / 60) for d in todo]
 
 
-def _run_here(ex, todo: list[Decision], res: dict, cluster: str, logs: Path, max_parallel: int | None) -> list:
-    """local: processes, at most ``max_parallel`` at once; debug: one after the other in this process. Waits."""
+def _run_here(ex, tasks: list[list[Decision]], res: dict, cluster: str, logs: Path, max_parallel: int | None) -> list:
+    """local: processes (one per task), at most ``max_parallel`` at once; debug: one after the other in this process.
+    Waits."""
     width = max_parallel or (1 if cluster == "debug" else os.cpu_count() or 1)
     jobs, running = [], []
-    for d in todo:
+    for t in tasks:
         while len(running) >= width:
             running = [j for j in running if not j.done()]
             time.sleep(0.2)
-        j = ex.submit(_job(d, res))
-        _record(d, j, cluster, logs)
+        j = ex.submit(_job(t, res))
+        for d in t:
+            _record(d, j, cluster, logs)
         jobs.append(j)
         running.append(j)
         if cluster == "debug":
@@ -410,7 +457,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", metavar="RUN_ID", help="submit only these runs")
     p.add_argument("--dry-run", action="store_true", help="list the runs and what would be done; submit nothing")
     p.add_argument("--retry-failed", action="store_true", help="also resubmit failed runs")
-    p.add_argument("--max-parallel", type=int, metavar="N", help="at most N runs of the array at once")
+    p.add_argument("--max-parallel", type=int, metavar="N", help="at most N tasks of the array at once")
+    p.add_argument(
+        "--batch-size", type=int, default=8, metavar="S",
+        help="tiny backend: up to S compatible runs per task, as one batched model (default 8; 1: a task per run)",
+    )  # fmt: skip
     p.add_argument("--out-root", help="root of the run folders (default results/runs)")
     p.add_argument("--log-dir", help="submitit logs (default logs/submitit/<sweep>)")
     p.add_argument("--site", help="site file (default slurm/cluster.yaml or $NSR_SLURM_SITE)")
@@ -461,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             out_root=args.out_root,
             log_dir=args.log_dir,
             site=args.site,
+            batch_size=args.batch_size,
         )
     except (ConfigError, queue.QueueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -476,10 +528,11 @@ def main(argv: list[str] | None = None) -> int:
     n_sub, n_skip = len(sub.submitted), len(sub.decisions) - len(sub.submitted)
     if args.dry_run:
         _print_plans(sub.plans)
-        print(f"dry run: {len(sub.decisions)} runs, {n_sub} would be submitted, {n_skip} skipped")
+        tasks = len(pack(sub.submitted, args.batch_size))
+        print(f"dry run: {len(sub.decisions)} runs, {n_sub} would be submitted in {tasks} tasks, {n_skip} skipped")
         return 0
     arrays = f" as job array {', '.join(sub.arrays)}" if sub.arrays else ""
-    print(f"submitted {n_sub} runs{arrays} ({args.cluster}); skipped {n_skip}")
+    print(f"submitted {n_sub} runs in {sub.tasks} tasks{arrays} ({args.cluster}); skipped {n_skip}")
     if args.cluster != "slurm":
         states = [RunDir(d.out).state() for d in sub.submitted]
         print("finished: " + ", ".join(f"{s}={states.count(s)}" for s in sorted(set(map(str, states)))))

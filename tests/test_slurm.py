@@ -118,7 +118,7 @@ def test_sweep_finishes_resubmits_nothing_and_reports_a_failure(tmp_path, capsys
     bad = sweep_file(tmp_path, "broken", "base: {train.steps: 4}\narms: {nsr: {loss.rule: nsr}}\n")
     site = tmp_path / "site.yaml"
     site.write_text("presets:\n  tiny-smoke: {time_min: 10, setup: ['export NSR_THREADS=0']}\n")
-    kw = {"cluster": "slurm", "out_root": tmp_path / "runs", "log_dir": tmp_path / "logs"}
+    kw = {"cluster": "slurm", "out_root": tmp_path / "runs", "log_dir": tmp_path / "logs", "batch_size": 1}
 
     sub_bad = submit(bad, site=site, **kw)
     sub = submit(good, **kw)
@@ -323,3 +323,33 @@ def test_status_progress_line_and_eta():
     )
     # finishes long ago (an earlier session) do not set the pace
     assert progress(paced, now=100000.0).endswith("ETA ~12 min (median run 120 s)")
+
+
+@pytest.mark.timeout(600)
+def test_a_sweep_packed_into_batches_runs_each_config_once(tmp_path, capsys):
+    """Compatible tiny runs go to one SLURM task each batch (experiments.run.run_batch): 3 runs in 2 tasks of at most
+    2; every folder is done with its own rows and records the task that ran it; sacct says COMPLETED; resubmitting
+    sends nothing, and a single run of the same sweep, submitted unbatched, is skipped (a config runs once)."""
+    sw = sweep_file(
+        tmp_path,
+        "packed",
+        """
+        base: {train.steps: 4, eval.every: 2}
+        arms: {hard: {loss.rule: hard}, nsr: {loss.rule: nsr}, soft: {loss.rule: soft}}
+        baseline: hard
+        """,
+    )
+    site = tmp_path / "site.yaml"
+    site.write_text("presets:\n  tiny-smoke: {time_min: 10, setup: []}\n")
+    kw = {"cluster": "slurm", "out_root": tmp_path / "runs", "log_dir": tmp_path / "logs", "site": site}
+    sub = submit(sw, batch_size=2, **kw)
+    assert len(sub.submitted) == 3 and sub.tasks == 2 and len(sub.jobs) == 2
+    finish(sub.jobs)
+    jobs = {str(j.job_id) for j in sub.jobs}
+    for d in sub.submitted:
+        rd = RunDir(d.out)
+        assert rd.state() == "done" and n_rows(d.out) == 4 and rd.job_record()["job_id"] in jobs
+    table = wait_for(lambda: all_ended(rows(sw, out_root=tmp_path / "runs")), 60, "the tasks to end")
+    assert {r["state"] for r in table} == {"done"} and {r["sacct"] for r in table} == {"COMPLETED"}
+    again = submit(sw, batch_size=1, **kw)
+    assert again.submitted == [] and {d.reason for d in again.decisions} == {"done"}

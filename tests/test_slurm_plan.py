@@ -4,6 +4,7 @@ bad input (nothing is submitted and no folder is made)."""
 import json
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,58 @@ def test_submission_names_each_run_that_would_fail_at_its_start(tmp_path):
         assert "random_reward-s0-" in str(e.value) and "random_reward-s1-" in str(e.value)
         assert "dynamic filtering" in str(e.value) and "task-s0" not in str(e.value)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
+
+
+# ---------------------------------------------------------------- packing tiny runs into batched tasks
+def test_pack_groups_compatible_tiny_runs():
+    from experiments.sweep import expand
+    from slurm.submit import Decision, pack
+
+    specs = expand("delta", preset="tiny-smoke") + expand("regime_a2", preset="tiny-smoke")
+    ds = [Decision(s, Path("/x") / s.run_id, True, "new") for s in specs]
+    tasks = pack(ds, 4)
+    assert sorted(d.spec.run_id for t in tasks for d in t) == sorted(s.run_id for s in specs)  # each run once
+    assert all(1 <= len(t) <= 4 for t in tasks)
+    from experiments.tiny.batched import batch_key
+
+    for t in tasks:  # one preset, one batch key per task
+        assert len({(d.spec.meta["preset"], batch_key(d.spec.config)) for d in t}) == 1
+    # delta's 13 runs share one key (3 tasks of <= 4 plus 1); regime_a2's candidates differ in updates / samples
+    assert len(tasks) == 4 + 3 and all(len(t) == 1 for t in pack(ds, 1))
+    cluster = expand("main")[:3]
+    assert [len(t) for t in pack([Decision(s, Path("/x"), True, "") for s in cluster], 8)] == [1, 1, 1]
+
+
+def test_a_failing_member_of_a_packed_task_fails_alone(tmp_path, monkeypatch):
+    """--cluster debug runs a packed task in this process: a loss that raises for one seed fails that run only; the
+    batch's other runs finish; resubmitting sends only nothing (the failed one needs --retry-failed)."""
+    from experiments.tiny import batched
+    from slurm.submit import submit
+
+    monkeypatch.setenv("NSR_CACHE_DIR", str(tmp_path / "cache"))
+    sw = tmp_path / "pk.yaml"
+    sw.write_text(
+        textwrap.dedent("""
+        preset: tiny-smoke
+        base: {train.steps: 3, eval.every: 0, eval.n_prompts: 16, sft.steps: 20, sft.warmup: 2}
+        arms: {hard: {loss.rule: hard}, nsr: {loss.rule: nsr}}
+        seeds: [0]
+        """)
+    )
+    real = batched.nsr.policy_loss
+    bad_seed = batched.generator(0, 2, "loss").initial_seed()
+
+    def loss(lp, old, adv, m, cfg, generator=None):
+        if cfg.rule == "nsr" and generator is not None and generator.initial_seed() == bad_seed:
+            raise FloatingPointError("nsr broke")
+        return real(lp, old, adv, m, cfg, generator=generator)
+
+    monkeypatch.setattr(batched.nsr, "policy_loss", loss)
+    kw = {"cluster": "debug", "out_root": tmp_path / "runs", "log_dir": tmp_path / "logs"}
+    sub = submit(sw, batch_size=8, **kw)
+    assert sub.tasks == 1 and len(sub.submitted) == 2
+    states = {d.spec.meta["arm"]: RunDir(d.out).status() for d in sub.submitted}
+    assert states["hard"]["state"] == "done" and states["nsr"]["state"] == "failed"
+    assert "nsr broke" in states["nsr"]["error"]
+    again = submit(sw, batch_size=8, dry_run=True, **kw)
+    assert again.submitted == []
