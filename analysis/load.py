@@ -503,6 +503,9 @@ def load_runs(
     parts = [c for r, c in counts.items() if r in keep and c is not None and len(c)]
     cols = {c: pd.Series(dtype=object) for c in COUNT_KEYS} | {"n": pd.Series(dtype="int64")}
     rs._counts = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(cols | {"c": cols["n"]})
+    for col in ("run", "benchmark", "decoding"):  # a few distinct strings over ~10^6 rows: filters and groupbys on
+        if len(rs._counts):  # codes, not strings (categories sorted, so every groupby keeps the string order)
+            rs._counts[col] = rs._counts[col].astype("category")
     return rs
 
 

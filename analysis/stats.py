@@ -50,8 +50,10 @@ def pass_at_k(n, c, k: int) -> np.ndarray:
     ok = n >= k
     if not ok.any():
         return out
-    pairs, inverse = np.unique(np.stack([n[ok], c[ok]], axis=-1), axis=0, return_inverse=True)
-    values = np.array([_pass_exact(int(a), int(b), int(k)) for a, b in pairs])
+    # one int64 key per (n, c) pair: np.unique over rows (axis=0) sorts a structured view, ~20x slower
+    width = int(c[ok].max()) + 1
+    keys, inverse = np.unique(n[ok] * width + c[ok], return_inverse=True)
+    values = np.array([_pass_exact(int(key // width), int(key % width), int(k)) for key in keys])
     out[ok] = values[inverse.reshape(-1)]
     return out
 

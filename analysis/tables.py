@@ -201,8 +201,10 @@ def paired_vs_baseline(s: pd.DataFrame, metrics=None) -> pd.DataFrame:
                 rows += [{"label": label, "vs": vs, "metric": m, "mean": math.nan, "lo": math.nan, "hi": math.nan,
                           "n": 0, "mixed": 0} for m in metrics]  # fmt: skip
                 continue
+            keep = [c for c in ("label", "seed", "warm_start", "legacy", *metrics) if c in s.columns]
+            sub = s.loc[s["label"].isin((label, cps[0])), keep]  # once per pair of labels, not per metric
             for m in metrics:
-                r = compare(s, label, cps[0], m)
+                r = compare(sub, label, cps[0], m)
                 rows.append(
                     {"label": label, "vs": cps[0], **{k: r[k] for k in ("metric", "mean", "lo", "hi", "n", "mixed")}}
                 )
