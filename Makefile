@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint demo cluster-start cluster-stop clean-venv
+.PHONY: venv test test-fast lint demo cluster-start cluster-stop clean-venv
 
 venv: $(VENV)/.installed
 
@@ -34,6 +34,12 @@ test: venv
 	else echo "make test: not starting SLURM (needs root and apt-get); SLURM tests skip (fail under CI=true)"; fi
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# `make test-fast` = venv + ruff + the unit tests (about 3 minutes on 2 busy cores): the tests marked slow (end-to-end runs,
+# subprocesses, DeepSpeed, the browser), SLURM and GPU are left to `make test`.
+test-fast: venv
+	$(PY) -m ruff check .
+	$(PY) -m pytest -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)
 
 # `make demo` = venv + hard clip vs NSR (delta 0.2) on the CPU testbed, 300 steps, seed 0, then
 # results/figures/demo_dynamics.png (analysis/demo.py; finished runs in results/runs/demo/ are reused).

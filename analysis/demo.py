@@ -58,7 +58,7 @@ def run_arms(runs_root: Path = RUNS, jobs: int = 2, progress: bool = True) -> di
 
     With jobs > 1 each arm runs in its own process with one torch thread (NSR_THREADS=1 unless set): on 2 cores
     that is faster than two threads per run one after the other, and it does not stall when other jobs share
-    the cores (README, "CPU testbed"). The shared warm start is built first, here.
+    the cores (docs/testbed.md). The shared warm start is built first, here.
     """
     cfgs = _configs()
     folders = _folders(cfgs, runs_root)

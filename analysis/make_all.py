@@ -1,6 +1,6 @@
 """Rebuild every table and figure from the run folders; the only way results/tables and results/figures are made.
 
-    python -m analysis.make_all                          # results/runs -> results/{tables,figures}, README claims
+    python -m analysis.make_all                          # results/runs -> results/{tables,figures}, claims block
     python -m analysis.make_all --runs DIR --out DIR     # another results folder (README untouched unless --readme)
     python -m analysis.make_all --format png pdf         # also PDF figures for a paper
 
@@ -14,7 +14,7 @@ What it writes (idempotent: the same runs give byte-identical files), every file
     <out>/figures/<sweep>_dynamics.png, delta_sweep.png, judge_executor.png, theory_expected_weight.png, forest.png,
                   pass_at_k.png, clip_depth.png, screening.png (every arm of related / dgg minus hard)
     <out>/report.html                 one static page: claims, forest plot, every figure and table, run counts, issues
-and rewrites the README block between ``<!-- claims:start -->`` and ``<!-- claims:end -->``.
+and rewrites the claims block of results/README.md between ``<!-- claims:start -->`` and ``<!-- claims:end -->``.
 A config is one run wherever its folders are (shared by sweeps, or copied): counted once per sweep that has it.
 Runs that are incomplete, not done or copies are excluded from every table, figure and claim, with counts on
 stderr and in status.md; runs of `make demo` (sweep ``demo``) are never tabled.
@@ -37,7 +37,8 @@ from analysis.summary import eval_curves, summarize
 from experiments.rundir import REPO_ROOT
 
 OUT_ROOT = REPO_ROOT / "results"
-README = REPO_ROOT / "README.md"
+README = REPO_ROOT / "results" / "README.md"
+"""The page whose claims block make_all rewrites (results/README.md; README.md, the repo's door, links to it)."""
 START, END = "<!-- claims:start -->", "<!-- claims:end -->"
 README_FIGURES = ("forest", "theory_expected_weight", "rescue_vs_decay_dynamics", "delta_sweep", "judge_executor")
 """Figures shown in the README block, when they exist."""

@@ -1,6 +1,7 @@
-"""Numbers the README quotes about the committed grid that are not a claim: run counts, the distinct clipped tokens
-behind the theory figure, the judge/executor collapse check, spikes, the paired spread of final vs late pass@1, and
-the "what a tiny run shows" table (one seed of hard and of nsr at delta 0.2, :func:`one_run_table`).
+"""Numbers results/README.md and docs/testbed.md quote about the committed grid that are not a claim: run counts,
+the distinct clipped tokens behind the theory figure, the judge/executor collapse check, spikes, the paired spread
+of final vs late pass@1, and the "what a tiny run shows" table (one seed of hard and of nsr at delta 0.2,
+:func:`one_run_table`).
 
     python -m analysis.readings [--runs results/runs]
 """
@@ -18,7 +19,7 @@ from analysis.stats import pass_at_k
 from analysis.summary import pairs, summarize
 
 SHOWCASE = ("delta", 0, ("hard", "nsr delta=0.2"))
-"""(sweep, seed, labels) of the README's one-run table."""
+"""(sweep, seed, labels) of docs/testbed.md's one-run table."""
 
 
 def one_run_row(rs, run: str) -> dict:
@@ -54,7 +55,7 @@ def one_run_row(rs, run: str) -> dict:
 
 
 def one_run_table(rs, sweep: str, seed: int, labels) -> str:
-    """The README's markdown table of :func:`one_run_row` for one seed of each label of ``sweep``."""
+    """docs/testbed.md's markdown table of :func:`one_run_row` for one seed of each label of ``sweep``."""
     m = rs.members
     lines = [
         "| arm | run | sampled pass@1, first -> last eval | pass@8 | entropy, first -> last fifth of steps | "

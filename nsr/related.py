@@ -35,8 +35,7 @@ Tiny-scale fractions ([choice], docs/method.md): a tiny minibatch has ~384 valid
 tokens / 4 minibatches), so the published 2e-4 floors to the minimum of 1 token per minibatch. The tiny testbed's
 value (preset tiny-regime, and the ``*_scaled`` arms of sweeps/related.yaml) is clip_cov_frac = kl_cov_frac = 1e-2
 (3 tokens; ``loss.clip_cov_frac=1e-2 loss.kl_cov_frac=1e-2``), a share
-still below the ~2.4 % of tokens the hard clip drops there (median clip_frac of the hard runs of the tiny
-`related` grid at commit 2160872); at the warm start 13 of a minibatch's 384 tokens lie in Clip-Cov's (1, 5) band.
+still below the share of tokens the hard clip drops there (docs/method.md, "[choice] Clip-Cov / KL-Cov at tiny scale").
 The cluster presets keep the published 2e-4 (Clip-Cov) and 2e-3 (KL-Cov, Qwen2.5-7B recipe).
 
 Metrics (nsr.METRIC_KEYS): clip_frac_low / clip_frac_high count the tokens each rule's own bounds flag (GPPO and

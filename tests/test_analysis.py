@@ -466,7 +466,7 @@ def test_paired_table_keeps_a_label_without_baseline_runs():
 
 
 def test_one_run_readout_recomputes_from_the_files(tmp_path):
-    """analysis.readings' one-run table (the README's "What a tiny run shows"): pass@1 / pass@8 from the sampled
+    """analysis.readings' one-run table (docs/testbed.md, "What a tiny run shows"): pass@1 / pass@8 from the sampled
     eval rows of the first and last eval, window means of metrics.jsonl, recomputed here from the raw files."""
     from analysis.readings import one_run_row, one_run_table
     from analysis.synth import ArmSpec, write_sweep

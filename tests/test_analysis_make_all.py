@@ -23,6 +23,8 @@ from analysis.synth import ArmSpec, write_folder
 from experiments.config import RunConfig, apply_overrides
 from experiments.sweep import SWEEPS_DIR, expand
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "runs"
 SWEEPS = ("delta", "judge_executor", "rescue_vs_decay")

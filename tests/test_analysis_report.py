@@ -13,6 +13,8 @@ import pytest
 from analysis import make_all
 from analysis.report import markdown_html
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 FIXTURE = Path(__file__).parent / "fixtures" / "runs"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 

@@ -8,6 +8,8 @@ import torch
 
 from experiments import bench_gpu
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 
 @pytest.fixture
 def hermetic(tmp_path, monkeypatch):

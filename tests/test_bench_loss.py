@@ -44,6 +44,7 @@ def test_main_prints_every_rule_with_ratios(level, tmp_path, capsys):
     assert result["setup"]["level"] == level and result["setup"]["repeats"] == 2
 
 
+@pytest.mark.slow
 def test_command_line(tmp_path):
     """The module runs as a script."""
     out = tmp_path / "bench.json"
@@ -91,7 +92,8 @@ def test_inputs_are_padded_with_advantages_of_both_signs_and_zero():
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_default_spread_clips_a_few_percent(level):
-    """The README's setting: 3-8% of the valid tokens (of the sequences) clipped by hard at the default spread."""
+    """The benchmark's setting (results/README.md): 3-8% of the valid tokens (of the sequences) clipped by hard at
+    the default spread."""
     logp, old, adv, mask = bench_loss.make_inputs(64, 4096, torch.float32, bench_loss.DEFAULT_SPREAD[level])
     _, m = nsr.policy_loss(logp.detach(), old, adv, mask, nsr.LossConfig(rule="hard", level=level))
     assert 0.03 <= m["clip_frac"].item() <= 0.08

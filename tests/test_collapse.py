@@ -12,6 +12,8 @@ from analysis.load import load_runs
 from analysis.synth import ArmSpec, write_folder
 from experiments.sweep import expand
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 # late reward (steps 301-400) per (rule, sigma, seed); steps 1-300 hold 0.9, which the test must ignore
 CLEAN = 0.40
 NOISY = {0.3: [0.39, 0.38, 0.41, 0.40, 0.39], 0.4: [0.30, 0.36, 0.30, 0.40, 0.39], 0.5: [0.10, 0.20, 0.30, 0.34, 0.5]}

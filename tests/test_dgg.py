@@ -20,6 +20,8 @@ from experiments.tiny.task import get_task
 from nsr.gating import GradientGate
 from nsr.seeds import generator
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 SMALL = [
     "rollout.prompts_per_step=4",

@@ -20,6 +20,8 @@ from experiments.run import check_folder
 from experiments.rundir import REPO_ROOT, RUNS_ROOT, RunDir, RunExistsError, runs_by_hash, stored_identity
 from experiments.tiny.train import train
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 SHORT = ["train.steps=4", "eval.every=2", "eval.n_prompts=16", "logging.checkpoint_every=2", "loss.rule=nsr"]
 PROPERTIES = {"loss.low": "loss.eps_low", "loss.high": "loss.eps_high"}

@@ -14,7 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # make test-fast skips it (subprocesses)
 PACKAGES = ("nsr", "experiments", "analysis", "slurm")
 
 CHILD = r"""

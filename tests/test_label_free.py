@@ -14,6 +14,8 @@ from experiments.tiny.rewards import cluster_vote, group_normalized, self_certai
 from experiments.tiny.task import EOS, VOCAB_SIZE, encode, get_task
 from nsr.seeds import generator
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 SMALL = [
     "rollout.prompts_per_step=4",

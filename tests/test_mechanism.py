@@ -18,6 +18,8 @@ from experiments.tiny.task import get_task
 from experiments.tiny.train import rl_step
 from nsr.seeds import generator
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 OVERRIDES = [
     "sft.steps=120",  # a short warm start of its own (in a temporary cache): accuracy about 1%, enough to score
     "sft.warmup=20",

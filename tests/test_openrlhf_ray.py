@@ -23,6 +23,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 ROOT = Path(__file__).resolve().parents[1]
 STUBS = ROOT / "tests" / "fixtures" / "openrlhf" / "stubs"
 

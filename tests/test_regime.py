@@ -19,6 +19,8 @@ from experiments.config import load_config
 from experiments.rundir import RunDir, read_rows
 from experiments.sweep import expand, load_sweep, preset_file
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 REPO = Path(__file__).resolve().parents[1]
 REGIME = R.load_regime()
 GRID = REPO / "results" / "runs" / "delta"

@@ -44,6 +44,7 @@ def test_missing_config_file(tmp_path, capsys):
     assert "no such config file" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_done_run_is_not_overwritten_without_force(tiny_env, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "run"
     args = [str(SMOKE), *SHORT, "--out", str(out), "--no-progress"]
@@ -63,6 +64,7 @@ def test_done_run_is_not_overwritten_without_force(tiny_env, tmp_path, capsys): 
     assert strip(read_jsonl(rd.metrics_path)) == strip(old_rows)
 
 
+@pytest.mark.slow
 def test_sigterm_records_cancelled_and_the_run_resumes(tiny_env, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "experiments.run", str(SMOKE), "logging.checkpoint_every=4", "eval.every=0"]

@@ -26,6 +26,8 @@ from experiments.tiny.task import EOS, get_task
 from experiments.tiny.train import train
 from nsr.seeds import generator
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 METRIC_FIELDS = {
     "step", "reward_mean", "entropy", "response_len", "clip_frac_low", "clip_frac_high", "rescue_frac",
@@ -37,7 +39,7 @@ METRIC_FIELDS = {
 def tiny_env(tmp_path_factory):
     """A warm-start cache shared by the session's tiny runs, and NSR_THREADS=1 unless set.
 
-    One thread: on a shared 2-core box, two OpenMP threads stall when other jobs run (README, "CPU testbed").
+    One thread: on a shared 2-core box, two OpenMP threads stall when other jobs run (docs/testbed.md).
     torch's thread count and the environment are restored afterwards.
     """
     path = tmp_path_factory.getbasetemp() / "nsr-cache"

@@ -20,6 +20,8 @@ from experiments.rundir import REPO_ROOT, RunDir, read_jsonl  # noqa: E402
 from experiments.trl.train import CHECKPOINT_DIR, build_trainer, latest_checkpoint, run_trl  # noqa: E402
 from nsr.trl import NSRGRPOTrainer  # noqa: E402
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 PRESET = REPO_ROOT / "sweeps" / "presets" / "trl-tiny.yaml"
 SMALL = [
     "train.steps=4", "eval.every=2", "eval.n_prompts=32", "eval.n_samples=2", "sft.steps=150", "sft.warmup=50",

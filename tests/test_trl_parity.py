@@ -16,6 +16,8 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 import nsr  # noqa: E402
 from nsr.trl import NSRGRPOTrainer  # noqa: E402
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):

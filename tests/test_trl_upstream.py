@@ -45,6 +45,8 @@ from trl import GRPOConfig  # noqa: E402
 import nsr  # noqa: E402
 from nsr.trl import NSRGRPOTrainer  # noqa: E402
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 UPSTREAM_TESTS = (
     "TestGetHighEntropyMask::*", "TestGRPORolloutDispatch::test_generate_prefers_rollout_func",
     "TestGRPORolloutDispatch::test_generate_rollout_func_syncs_vllm_weights_when_needed",

@@ -112,7 +112,7 @@ def test_bad_values_name_the_verl_key():
 
 
 def test_recipe_composition_with_the_two_lines():
-    """verl's own trainer config composed by hydra with the README's two lines (+ an optional parameter), turned
+    """verl's own trainer config composed by hydra with docs/plugins.md's two lines (+ an optional parameter), turned
     into dataclasses as verl's actor worker does (engine_workers: omega_conf_to_dataclass(config.actor))."""
     import verl
     from hydra import compose, initialize_config_dir
@@ -154,6 +154,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_registration_reaches_a_fresh_worker_process():
     """A fresh interpreter that never imports nsr itself finds the modes once it builds the actor config from the
     recipe (what a Ray worker does): hydra imports the ``_target_``'s module, which registers them. (verl's other

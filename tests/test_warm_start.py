@@ -12,6 +12,8 @@ from experiments.run import run
 from experiments.rundir import REPO_ROOT, RunDir
 from experiments.tiny.sft import sft_key, sft_path, warm_start, weights_sha256
 
+pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
+
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 QUICK = ["sft.steps=3", "sft.warmup=1", "train.steps=2", "eval.every=0", "eval.n_prompts=8"]
 QUICK += ["logging.checkpoint_every=1"]

@@ -2,7 +2,7 @@
 
 Using transformers' own ``GPT2LMHeadModel`` keeps the code path of real models (HF forward, SDPA attention,
 KV cache, tied embeddings); at d_model 64 x 2 layers it has about 0.1M parameters. Generation uses the KV cache:
-measured (README, "CPU testbed") it makes the transformers rollout faster than a plain-torch model without cache.
+measured (docs/testbed.md) it makes the transformers rollout faster than a plain-torch model without cache.
 """
 
 from __future__ import annotations

@@ -241,7 +241,8 @@ def register() -> list[str]:
 def recipe_overrides(loss: nsr.LossConfig, seed: int | None = None) -> list[str]:
     """The hydra overrides that make a verl recipe run ``loss`` (and, with ``seed``, seed its draws).
 
-    The first two are the README's two lines; the trust region and dual clip go to verl's own actor keys; the rule's
+    The first two are the two recipe lines of the kit's docs (plugins.md); the trust region and dual clip go to
+    verl's own actor keys; the rule's
     own parameters are keys verl's config does not have, hence hydra's ``+``. Composed into verl's trainer config and
     read back by :func:`loss_config`, they give ``loss`` again (tests/test_verl.py).
     """
