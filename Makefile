@@ -35,11 +35,11 @@ test: venv
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# `make test-fast` = venv + ruff + the unit tests (about 3 minutes on 2 busy cores): the tests marked slow (end-to-end runs,
-# subprocesses, DeepSpeed, the browser), SLURM and GPU are left to `make test`.
+# `make test-fast` = venv + ruff + the unit tests on 2 pytest-xdist workers (about 2 minutes on 2 cores): the tests
+# marked slow (end-to-end runs, subprocesses, DeepSpeed, the browser), SLURM and GPU are left to `make test`.
 test-fast: venv
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)
 
 # `make demo` = venv + hard clip vs NSR (delta 0.2) on the CPU testbed, 300 steps, seed 0, then
 # results/figures/demo_dynamics.png (analysis/demo.py; finished runs in results/runs/demo/ are reused).
