@@ -5,14 +5,14 @@
 plus ``<|endoftext|>`` as EOS and pad), so any text round-trips. It is built once into
 ``<cache>/openrlhf-cpu/<name>-<key>/`` (``<cache>`` = $NSR_CACHE_DIR or ``cache/`` at the repo root; ``key`` hashes
 the model section and :data:`BUILD_VERSION`): seeded random weights, then a short supervised warm start on the toy
-task's training problems (the response format ``\\boxed{answer}``), so the rollouts of the first RL step already
-hold some correct answers and the groups have nonzero advantages. A random policy would score 0 everywhere and
-every update would be zero.
+task's training problems (the response ``\\boxed{sum}``), so about half of the first rollouts are correct, most
+groups are mixed and have nonzero advantages, and RL has room to improve. A random policy would score 0 everywhere
+and every update would be zero.
 
-The toy task: ``What is a + b?`` for single digits a, b (100 problems, a seeded 80 / 20 split), with OpenRLHF's
-boxed instruction (experiments/openrlhf/data.py) and the sum as label, so the repo's math reward
-(experiments/openrlhf/reward.py) scores it. The training file holds whole seeded passes over the 80 training problems
-(as experiments/openrlhf/data.py writes DAPO), the benchmark ``toy-math-eval`` the 20 held-out ones.
+The toy task: ``What is a + b? Put the answer in \\boxed{}.`` for single digits a, b (100 problems, a seeded 80 / 20
+split), with the sum as label, so the repo's math reward (experiments/openrlhf/reward.py) scores it. The training
+file holds whole seeded passes over the 80 training problems (as experiments/openrlhf/data.py writes DAPO), the
+benchmark ``toy-math-eval`` the 20 held-out ones.
 
 A CPU model is what switches a run onto the CPU path (:func:`is_cpu_model`): the backend builds the model and data
 (:func:`prepare`), the argv builder passes the built folder as ``--actor.model_name_or_path`` (:func:`model_path`)
@@ -30,21 +30,22 @@ import shutil
 from pathlib import Path
 
 from experiments.config import RunConfig
-from experiments.openrlhf.data import BOXED_INSTRUCTION, count_rows, repeat_shuffled, write_jsonl
+from experiments.openrlhf.data import count_rows, repeat_shuffled, write_jsonl
 from experiments.openrlhf.plan import rows_needed, train_data_path
 from experiments.rundir import REPO_ROOT
 
 CPU_MODELS = ("cpu-tiny-qwen2",)
 """model.name values built here; each switches the run onto the CPU path."""
-BUILD_VERSION = 1
+BUILD_VERSION = 4
 """Bump when the build changes the model's numbers, so a stale cached model is not reused."""
 TRAIN_NAME, EVAL_NAME = "toy-math", "toy-math-eval"
 EOS_TEXT = "<|endoftext|>"
 MAX_POSITIONS = 256
-"""Context of the built model: the toy prompt is ~95 byte tokens, its answer ~12."""
+"""Context of the built model: the toy prompt is ~45 byte tokens, its answer ~12."""
 SPLIT_SEED, N_TRAIN = 0, 80
-WARM_STEPS, WARM_BATCH, WARM_LR = 100, 32, 3e-3
-"""Supervised warm start: enough for the answer format, not for the sums (sampled accuracy about 10%)."""
+WARM_STEPS, WARM_BATCH, WARM_LR = 400, 32, 3e-3
+"""Supervised warm start: the answer format and about half the sums (sampled at temperature 1: 47% correct on 20
+training and on the 20 held-out problems; ~35 s on 2 busy cores, once)."""
 
 
 def is_cpu_model(cfg: RunConfig) -> bool:
@@ -78,7 +79,7 @@ def problems() -> tuple[list[dict], list[dict]]:
     random.Random(SPLIT_SEED).shuffle(pairs)
 
     def row(a: int, b: int, name: str) -> dict:
-        prompt = f"What is {a} + {b}?{BOXED_INSTRUCTION}"
+        prompt = f"What is {a} + {b}? Put the answer in \\boxed{{}}."
         return {"prompt": prompt, "label": str(a + b), "datasource": name, "problem_id": f"{a}+{b}"}
 
     return [row(a, b, TRAIN_NAME) for a, b in pairs[:N_TRAIN]], [row(a, b, EVAL_NAME) for a, b in pairs[N_TRAIN:]]
@@ -117,6 +118,14 @@ def build_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TEXT, pad_token=EOS_TEXT)
 
 
+def rope_theta(head_dim: int) -> float:
+    """2^(head_dim / 2): every RoPE frequency theta^(-2i / head_dim) = 2^-i is then exact in bf16. DeepSpeed ZeRO-3
+    holds the actor's RoPE frequencies in bf16 (it casts the model's buffers when it builds it; vLLM keeps them in
+    fp32), which with another theta moves the actor's log-probs away from vLLM's by ~2e-3 per token at these
+    positions and would blur the weight-sync check (docs/cluster.md, "What is proven on CPU end to end")."""
+    return float(2 ** (head_dim // 2))
+
+
 def build_model(cfg: RunConfig, tokenizer):
     """The Qwen2 of ``cfg.model`` (seeded random weights), on the tokenizer's vocabulary."""
     import torch
@@ -132,6 +141,7 @@ def build_model(cfg: RunConfig, tokenizer):
         num_attention_heads=m.n_head,
         num_key_value_heads=max(1, m.n_head // 2),
         max_position_embeddings=MAX_POSITIONS,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta(m.d_model // m.n_head)},
         tie_word_embeddings=True,
         bos_token_id=eos,
         eos_token_id=eos,
@@ -151,9 +161,7 @@ def warm_start(model, tokenizer, train: list[dict]) -> list[float]:
     gen = torch.Generator().manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=WARM_LR, weight_decay=0.0)
     eos = tokenizer.eos_token_id
-    encoded = [
-        (tokenizer(r["prompt"]).input_ids, tokenizer(answer_text(r["label"])).input_ids + [eos]) for r in train
-    ]
+    encoded = [(tokenizer(r["prompt"]).input_ids, tokenizer(answer_text(r["label"])).input_ids + [eos]) for r in train]
     losses = []
     model.train()
     for _ in range(WARM_STEPS):
@@ -186,8 +194,12 @@ def build(cfg: RunConfig) -> Path:
     with FileLock(str(out) + ".lock"):
         if (out / "config.json").is_file():
             return out
+        import torch
+
         tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a toy model: more threads only contend (17x slower with 2 on 2 busy cores)
         try:
             tokenizer = build_tokenizer()
             model = build_model(cfg, tokenizer)
@@ -198,6 +210,7 @@ def build(cfg: RunConfig) -> Path:
             (tmp / "nsr_build.json").write_text(json.dumps(info, indent=1) + "\n")
             os.replace(tmp, out)
         finally:
+            torch.set_num_threads(threads)
             shutil.rmtree(tmp, ignore_errors=True)
     return out
 

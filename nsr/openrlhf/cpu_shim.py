@@ -49,6 +49,10 @@ STALE = "NSR_OPENRLHF_CPU_STALE_VLLM"
 """Test only (value 1): skip the actor -> vLLM weight broadcast, so vLLM generates with stale weights."""
 KVCACHE_GIB = "1"
 """vLLM's KV cache on CPU (``VLLM_CPU_KVCACHE_SPACE``, GiB) unless set: its default is sized for a real model."""
+THREADS_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+"""One compute thread per process unless set: a CPU run is several busy processes (the policy ranks, the vLLM engine,
+the controller), and OpenMP threads that outnumber the cores spin against each other (a toy model gets nothing from
+more threads; measured 17x slower with 2 threads on 2 loaded cores). vLLM would otherwise pin its threads to cores."""
 WORKER_EXTENSION = f"{__name__}.CPUWorkerExtension"
 OPENRLHF_ENV = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
 """What OpenRLHF's own ``ray.init`` puts in every worker (cli/train_ppo_ray.py); :func:`install_driver` starts Ray
@@ -61,8 +65,9 @@ def enabled() -> bool:
 
 
 def cpu_env() -> dict[str, str]:
-    """The environment every process of a CPU run gets."""
-    env = {"DS_ACCELERATOR": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KVCACHE_GIB)}
+    """The environment every process of a CPU run gets (values already set win, but for the switches)."""
+    env = {k: os.environ.get(k, v) for k, v in THREADS_ENV.items()}
+    env |= {"DS_ACCELERATOR": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KVCACHE_GIB)}
     env[SWITCH] = "1"
     if os.environ.get(STALE) == "1":
         env[STALE] = "1"
@@ -249,6 +254,7 @@ class CPUWorkerExtension:
         if empty_cache:  # OpenRLHF marks the last parameter of a sync
             received, self._nsr_received = self._nsr_received, []
             self.model_runner.reload_weights(weights_iterator=iter(received))
+            print(f"{__name__}: vLLM reloaded {len(received)} weights from the actor", flush=True)
 
 
 # ---------------------------------------------------------------- the launcher (Ray driver)
