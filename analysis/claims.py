@@ -1,5 +1,5 @@
-"""The paper's claims, checked on the CPU grid: supports / contradicts / not reproduced at this scale /
-inconclusive, with the numbers.
+"""The paper's claims, checked on the CPU grid: supports / contradicts / not reproduced at this scale / untestable
+here / inconclusive, with the numbers.
 
     python -m analysis.claims [--runs results/runs]      # print the claims table (make_all also writes it)
     python -m analysis.claims --claims analysis/posthoc.yaml   # the post-hoc readings, labelled as such
@@ -26,14 +26,20 @@ import pandas as pd
 import scipy.stats as sps
 
 from analysis.stats import ALPHA, POWER_TARGET, holm, interval, paired_differences, power, t_test
+from analysis.summary import pairs
 from analysis.tables import counterparts, fmt, mixed_pairs, select_labels
-from experiments.config import ConfigError, load_yaml
+from experiments.config import ConfigError
+from experiments.yamlio import load_yaml
 from nsr.registry import Registry
+from nsr.validate import check, check_choice, is_number
 
 CLAIMS_FILE = Path(__file__).with_name("claims.yaml")
 POSTHOC_FILE = Path(__file__).with_name("posthoc.yaml")
 SUPPORTS, CONTRADICTS, INCONCLUSIVE, NO_DATA = "supports", "contradicts", "inconclusive", "no data"
 NOT_REPRODUCED = "not reproduced at this scale"
+UNTESTABLE = "untestable here"
+"""A comparison whose baseline arm shows no variation over the pairs (e.g. no hard run has an entropy spike): what the
+claim says a rule avoids or changes does not happen here, so no power can be claimed for it."""
 
 # expect -> (null value of a - b given the margin, sign of a - b the paper predicts). The test is of mean = null;
 # a significant mean on the predicted side supports, on the other side contradicts.
@@ -87,10 +93,9 @@ def _side(value, where: str) -> Side:
         return Side(value, {})
     if isinstance(value, dict) and set(value) <= {"arm", "point"} and isinstance(value.get("arm"), str):
         point = value.get("point") or {}
-        if not isinstance(point, dict):
-            raise ValueError(f"{where}.point={point!r} is not valid; allowed: a mapping of axis: value")
+        check(isinstance(point, dict), f"{where}.point", point, "a mapping of axis: value")
         return Side(value["arm"], dict(point))
-    raise ValueError(f"{where}={value!r} is not valid; allowed: an arm name or {{arm: NAME, point: {{axis: value}}}}")
+    check(False, where, value, "an arm name or {arm: NAME, point: {axis: value}}")
 
 
 def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
@@ -106,8 +111,8 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
     if unknown:
         raise ValueError(f"{path}: unknown key {sorted(unknown)[0]!r}; allowed: min_pairs, claims")
     min_pairs = data.get("min_pairs", 3)
-    if not isinstance(min_pairs, int) or min_pairs < 2:
-        raise ValueError(f"{path}: min_pairs={min_pairs!r} is not valid; allowed: an integer >= 2")
+    ok = isinstance(min_pairs, int) and not isinstance(min_pairs, bool) and min_pairs >= 2
+    check(ok, f"{path}: min_pairs", min_pairs, "an integer >= 2")
     claims, seen = [], set()
     for i, c in enumerate(data.get("claims") or []):
         where = f"{path}: claims[{i}]"
@@ -127,17 +132,13 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
                 raise ValueError(
                     f"{tw}: unknown key {sorted(extra)[0]!r}; allowed: a, b, metric, expect, margin, sesoi"
                 )
-            if t["expect"] not in set(EXPECT):
-                raise ValueError(f"{tw}.expect={t['expect']!r} is not valid; allowed: {', '.join(EXPECT)}")
+            check_choice(f"{tw}.expect", t["expect"], EXPECT)
             margin = t.get("margin", 0.0)
-            if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
-                raise ValueError(f"{tw}.margin={margin!r} is not valid; allowed: a number >= 0")
+            check(is_number(margin) and margin >= 0, f"{tw}.margin", margin, "a number >= 0")
             sesoi = t.get("sesoi")
-            if t["expect"] in DIRECTIONAL and (
-                isinstance(sesoi, bool) or not isinstance(sesoi, (int, float)) or not sesoi > 0
-            ):
-                raise ValueError(f"{tw}.sesoi={sesoi!r} is not valid; allowed: a number > 0 (the smallest effect of "
-                                 f"interest, needed by expect: {t['expect']})")  # fmt: skip
+            if t["expect"] in DIRECTIONAL:
+                allowed = f"a number > 0 (the smallest effect of interest, needed by expect: {t['expect']})"
+                check(is_number(sesoi) and sesoi > 0, f"{tw}.sesoi", sesoi, allowed)
             tests.append(
                 Comparison(
                     _side(t["a"], f"{tw}.a"),
@@ -155,10 +156,15 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> tuple[list[Claim], int]:
 
 
 # ------------------------------------------------------------------------------------------- evaluation
-def verdict(test: Comparison, mean: float, p_holm: float, pw: float, n: int, min_pairs: int) -> str:
-    """One comparison's verdict from its mean difference, Holm-adjusted p-value and power at the sesoi."""
+def verdict(
+    test: Comparison, mean: float, p_holm: float, pw: float, n: int, min_pairs: int, untestable: bool = False
+) -> str:
+    """One comparison's verdict from its mean difference, Holm-adjusted p-value and power at the sesoi;
+    ``untestable``: its baseline arm shows no variation (:data:`UNTESTABLE`)."""
     if n == 0:
         return NO_DATA
+    if untestable and n >= min_pairs:
+        return UNTESTABLE
     if n < min_pairs or not np.isfinite(p_holm):
         return INCONCLUSIVE
     null, sign = EXPECT[test.expect](test.margin)
@@ -171,7 +177,8 @@ def verdict(test: Comparison, mean: float, p_holm: float, pw: float, n: int, min
 
 def combine(verdicts: list[str]) -> str:
     """A claim's verdict: supports if every planned comparison has data and supports; contradicts if some contradict
-    and none support; not reproduced at this scale if some powered comparison saw nothing and none contradicts (the
+    and none support; untestable here if a part cannot be tested (its baseline shows no variation) and none
+    contradicts; not reproduced at this scale if some powered comparison saw nothing and none contradicts (the
     claim needs all its parts); else inconclusive (also: supporting parts while others have no runs yet); no data
     when no comparison has data."""
     have = [v for v in verdicts if v != NO_DATA]
@@ -181,6 +188,8 @@ def combine(verdicts: list[str]) -> str:
         return SUPPORTS if len(have) == len(verdicts) else INCONCLUSIVE
     if CONTRADICTS in have:
         return CONTRADICTS if SUPPORTS not in have else INCONCLUSIVE
+    if UNTESTABLE in have:  # a part of the claim cannot be tested here, and no part contradicts it
+        return UNTESTABLE
     if NOT_REPRODUCED in have:
         return NOT_REPRODUCED
     return INCONCLUSIVE
@@ -212,13 +221,14 @@ def comparisons(s: pd.DataFrame, test: Comparison) -> list[dict]:
             )
             continue
         ga, gb = s[s["label"] == la], s[s["label"] == cps[0]]
-        diffs, seeds = paired_differences(
-            dict(zip(ga["seed"], ga[test.metric])), dict(zip(gb["seed"], gb[test.metric]))
-        )
+        diffs, seeds = paired_differences(dict(zip(pairs(ga), ga[test.metric])), dict(zip(pairs(gb), gb[test.metric])))
         mean, lo, hi, n = interval(diffs)
         null, _ = EXPECT[test.expect](test.margin)
         sd = float(np.std(diffs, ddof=1)) if n >= 2 else math.nan
-        out.append({"a": la, "b": cps[0], "mean": mean, "lo": lo, "hi": hi, "n": n, "note": "",
+        base = dict(zip(pairs(gb), gb[test.metric]))
+        flat = n >= 2 and len({float(base[k]) for k in seeds}) == 1  # the baseline arm shows no variation
+        note = f"no variation in {cps[0]}: every run {fmt(float(base[seeds[0]]))}" if flat else ""
+        out.append({"a": la, "b": cps[0], "mean": mean, "lo": lo, "hi": hi, "n": n, "note": note, "untestable": flat,
                     "p": t_test(diffs, null), "sd": sd, "mixed": mixed_pairs(s, la, cps[0], seeds)})  # fmt: skip
     return out
 
@@ -261,7 +271,9 @@ def evaluate(summary: pd.DataFrame, claims: list[Claim], min_pairs: int = 3) -> 
         for r, ph, ok in zip(rows, adjusted, tested):
             r["p_holm"] = float(ph) if ok else math.nan
             r["power"] = _power_at_sesoi(r["test"], r["sd"], r["n"], m) if r["n"] else math.nan
-            r["verdict"] = verdict(r["test"], r["mean"], r["p_holm"], r["power"], r["n"], min_pairs)
+            r["verdict"] = verdict(
+                r["test"], r["mean"], r["p_holm"], r["power"], r["n"], min_pairs, r.get("untestable", False)
+            )
         powers = [r["power"] for r in rows if np.isfinite(r["power"])]
         results.append({"claim": c, "verdict": combine([r["verdict"] for r in rows]), "rows": rows,
                         "power": min(powers) if powers else math.nan})  # fmt: skip
@@ -305,7 +317,8 @@ def render(results: list[dict], runs_hint: str = "--preset tiny", posthoc: bool 
             else:
                 ci = f"[{_signed(r['lo'])}, {_signed(r['hi'])}]" if np.isfinite(r["lo"]) else "[–]"
                 mixed = f"; {r['mixed']} legacy/current" if r.get("mixed") else ""
-                nums.append(f"{_signed(r['mean'])} {ci} ({r['n']}{mixed}): {r['verdict']}")
+                why = f" ({r['note']})" if r.get("untestable") else ""
+                nums.append(f"{_signed(r['mean'])} {ci} ({r['n']}{mixed}): {r['verdict']}{why}")
             ps.append(_p(r.get("p_holm", math.nan)))
             pws.append(_pct(r.get("power", math.nan)))
         claim = f"**{c.claim}** ({c.source}; sweep `{c.sweep}`)"
@@ -322,7 +335,9 @@ def render(results: list[dict], runs_hint: str = "--preset tiny", posthoc: bool 
         "and figure); t-test p-values Holm-corrected within a claim; a directional comparison that is not "
         "significant is *not reproduced at this scale* when its power to see the smallest effect of interest "
         "(sesoi, fixed per comparison in the claims file; upper 80% confidence limit of the paired SD, level 0.05 / "
-        "planned comparisons) is >= 80%, else *inconclusive*; fewer than min_pairs seeds is inconclusive; "
+        "planned comparisons) is >= 80%, else *inconclusive*; *untestable here* when the baseline arm shows no "
+        "variation over the pairs (what the claim says a rule avoids does not happen here); fewer than min_pairs "
+        "seeds is inconclusive; "
         '"k legacy/current" counts pairs of a run by older code and one by today\'s.\n'
     )
     return header + "\n".join(lines) + "\n\n" + regen

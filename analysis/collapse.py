@@ -18,8 +18,9 @@ import warnings
 import numpy as np
 
 from analysis.load import RUNS_ROOT, RunWarning, load_runs
-from analysis.power import load_regime
+from analysis.regime import load_regime
 from analysis.stats import interval
+from analysis.summary import WARM_START
 
 SWEEP = "judge_executor_sigma"
 
@@ -49,16 +50,19 @@ def judge_collapse(rs, plan: dict | None = None, sweep: str = SWEEP) -> dict:
         cfg = inc.loc[run]
         if cfg["loss.rule"] not in ("noisy_decision", "clean_decision") or run not in groups:
             continue
-        key = (cfg["loss.rule"], round(float(cfg["loss.ratio_noise"]), 6), int(cfg["seed"]))
+        ws = cfg.get(WARM_START)  # a pair: the same seed and the same warm start (analysis.summary.pairs)
+        pair = (int(cfg["seed"]), ws if isinstance(ws, str) else "")
+        key = (cfg["loss.rule"], round(float(cfg["loss.ratio_noise"]), 6), pair)
         late[key] = late_reward(groups[run], int(cfg["train.steps"]), window)
     rows = []
     for sigma in plan["sigmas"]:
         s = round(float(sigma), 6)
-        seeds = [k for k in plan["seeds"] if ("noisy_decision", s, k) in late and ("clean_decision", s, k) in late]
+        keys = sorted({k for _, sig, k in late if sig == s and k[0] in plan["seeds"]})
+        seeds = [k for k in keys if ("noisy_decision", s, k) in late and ("clean_decision", s, k) in late]
         noisy = np.array([late[("noisy_decision", s, k)] for k in seeds])
         clean = np.array([late[("clean_decision", s, k)] for k in seeds])
         diff = noisy - clean
-        collapsed = [k for k, d in zip(seeds, diff) if d < -margin]
+        collapsed = [k[0] for k, d in zip(seeds, diff) if d < -margin]
         if len(collapsed) >= need:
             verdict = "collapses"
         elif len(seeds) == len(plan["seeds"]):

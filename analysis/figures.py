@@ -35,6 +35,7 @@ import torch  # noqa: E402
 
 import nsr  # noqa: E402
 from analysis.stats import interval  # noqa: E402
+from analysis.summary import pairs as pair_keys  # noqa: E402
 from analysis.tables import baseline_arm, counterparts, label_order  # noqa: E402
 
 MAX_POINTS = 40
@@ -155,7 +156,8 @@ def _matrix(by_run, mine, runs, metric, edges, log=False):
 
 
 def _paired(Ya: np.ndarray, Yb: np.ndarray, seeds_a: list, seeds_b: list) -> np.ndarray:
-    """Rows of Ya - Yb for the seeds both have (same-seed pairs), on a shared x grid."""
+    """Rows of Ya - Yb for the pairs both have (analysis.summary.pairs: same seed, same warm start), on a shared x
+    grid."""
     common = sorted(set(seeds_a) & set(seeds_b))
     ia = [seeds_a.index(k) for k in common]
     ib = [seeds_b.index(k) for k in common]
@@ -173,7 +175,7 @@ def _curves_figure(rs, summary, curves, sweep, panels, style, title, paired: boo
     labels = label_order(s)
     base = baseline_arm(s)
     runs_of = {lab: list(s.loc[s["label"] == lab, "run"]) for lab in labels}
-    seeds_of = {lab: list(s.loc[s["label"] == lab, "seed"]) for lab in labels}
+    seeds_of = {lab: pair_keys(s[s["label"] == lab]) for lab in labels}  # (seed, warm start)
     steps = rs.steps[rs.steps["run"].isin(s["run"])] if len(rs.steps) else rs.steps
     mine = curves[curves["run"].isin(s["run"])] if len(curves) else curves
     by_run = dict(tuple(steps.groupby("run", sort=False))) if len(steps) else {}
@@ -351,6 +353,7 @@ VERDICT_COLOURS = {
     "supports": "tab:green",
     "contradicts": "tab:red",
     "not reproduced at this scale": "tab:purple",
+    "untestable here": "tab:brown",
     "inconclusive": "tab:gray",
     "no data": "lightgray",
 }

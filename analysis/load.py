@@ -37,8 +37,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pj
 
-from experiments.config import ConfigError, from_dict
-from experiments.rundir import REPO_ROOT, RunDir, RunFolderError, read_rows
+from experiments.rundir import REPO_ROOT, RunDir, RunFolderError, read_rows, stored_identity
 
 RUNS_ROOT = REPO_ROOT / "results" / "runs"
 DONE_ONLY = ("done",)
@@ -334,7 +333,7 @@ def sweep_members(
 
     Hashes are today's ``RunConfig.run_hash()``; a run folder is matched through its config.yaml read by today's code
     (``runs["config_hash"]``), so a field added since the run was made (with its default) does not hide it."""
-    from sweeps import SweepError, expand, load_sweep
+    from experiments.sweep import SweepError, expand, load_sweep
 
     out: dict[str, list[dict]] = {}
     notes: list[str] = []
@@ -381,7 +380,8 @@ def load_runs(
             config, besides the sweep its own config.yaml names. presets_dir: their presets (default sweeps/presets).
 
     Identity: a run is its config hash, recomputed from its config.yaml by today's RunConfig (``meta.run_hash`` when
-    that fails). A folder whose recorded hash differs was made by older code: ``legacy``. Folders holding the same
+    that fails; :func:`experiments.rundir.stored_identity`). A folder whose recorded hash differs from what its
+    identity scheme gives today was made by older code: ``legacy``. Folders holding the same
     config are one run: the first done-and-complete one (current before legacy, its own sweep's folder first, then
     by path) counts, the others are reported as ``copy`` issues and excluded. A done run whose metrics stop short of
     ``train.steps``, whose last eval is not at its last step, or whose metrics hold a value that is not a finite
@@ -436,14 +436,11 @@ def load_runs(
 
         flat = flatten(config)
         try:  # identity: the config as today's code reads it (what the sweep files' expansions are matched against)
-            config_hash = from_dict(config).run_hash()
-        except (ConfigError, TypeError, ValueError):
-            config_hash = None
-        recorded = meta.get("run_hash") if isinstance(meta.get("run_hash"), str) else None
-        run_hash = config_hash or recorded
-        if not run_hash:
-            issue(sweep, run_id, "bad_config", f"{rel}/config.yaml: no meta.run_hash and not a valid config; skipped")
+            ident = stored_identity({**config, "meta": meta}, f"{rel}/config.yaml")
+        except RunFolderError as e:
+            issue(sweep, run_id, "bad_config", f"{e}; skipped")
             continue
+        config_hash, run_hash = ident.recomputed, ident.run_hash
         point = meta.get("point") if isinstance(meta.get("point"), dict) else {}
         arm = str(meta.get("arm") or flat.get("loss.rule", "run"))
         seed = meta.get("seed", flat.get("seed"))
@@ -452,7 +449,7 @@ def load_runs(
             "folder": rel,
             "hash": run_hash,
             "config_hash": config_hash,
-            "legacy": bool(recorded and config_hash and recorded != config_hash),
+            "legacy": ident.legacy,
             "git_commit": meta.get("git_commit"),
             "sweep": sweep,
             "run_id": run_id,

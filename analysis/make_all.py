@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 
 from analysis import claims as claims_mod
-from analysis import collapse, figures, power, tables
+from analysis import collapse, figures, regime, tables
 from analysis import report as report_mod
 from analysis.load import RUNS_ROOT, RunSet, RunWarning, load_runs, status_report
 from analysis.summary import eval_curves, summarize
@@ -87,7 +87,7 @@ def expected_runs(rs: RunSet, sweeps_dir: Path | None = None, presets_dir: Path 
 
     A sweep file with no runs at all is expanded with its default preset. Sweep files that fail to expand are
     reported in the notes, never fatal (the tables of the runs that exist are still built)."""
-    from sweeps import SWEEPS_DIR, SweepError, expand
+    from experiments.sweep import SWEEPS_DIR, SweepError, expand
 
     folder = Path(sweeps_dir) if sweeps_dir else SWEEPS_DIR
     out, notes = {}, []
@@ -291,10 +291,10 @@ def make_all(
         files.append(write_text(tab("judge_collapse.md"), collapse.render(judged), out))
         say(f"judge/executor collapse test (tables/judge_collapse.md): {judged['verdict']}")
     if (summary["sweep"] == "regime_search").any():  # the pre-registered stage-A readout (analysis/regime.yaml)
-        stage_a = power.regime_readout(runs)
+        stage_a = regime.regime_readout(runs, rs=rs)  # from the runs loaded above: each folder is read once
         head = "### Stage A: regime search (pre-registered in analysis/regime.yaml; `python -m analysis.power regime`)"
-        files.append(write_text(tab("stage_a.md"), f"{head}\n\n{power.readout_markdown(stage_a)}", out))
-        say(f"stage A readout (tables/stage_a.md): {power.verdict(stage_a)}")
+        files.append(write_text(tab("stage_a.md"), f"{head}\n\n{regime.readout_markdown(stage_a)}", out))
+        say(f"stage A readout (tables/stage_a.md): {regime.verdict(stage_a)}")
     if readme is not None:
         block = readme_block(claims_md, fig_dir, readme, n_distinct, sweeps)
         if rewrite_readme(readme, block):

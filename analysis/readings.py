@@ -11,10 +11,11 @@ import argparse
 import warnings
 
 import numpy as np
+import pandas as pd
 
 from analysis.load import RUNS_ROOT, RunWarning, load_runs
 from analysis.stats import pass_at_k
-from analysis.summary import summarize
+from analysis.summary import pairs, summarize
 
 SHOWCASE = ("delta", 0, ("hard", "nsr delta=0.2"))
 """(sweep, seed, labels) of the README's one-run table."""
@@ -112,9 +113,10 @@ def main(argv=None) -> int:
         sds = []
         for sw in ("delta", "rescue_vs_decay"):
             g = s[s["sweep"] == sw]
-            hard = g[g["arm"] == "hard"].set_index("seed")[m]
+            hd = g[g["arm"] == "hard"]
+            hard = pd.Series(hd[m].to_numpy(), index=pd.MultiIndex.from_tuples(pairs(hd)))
             for _, gg in g[g["arm"] != "hard"].groupby("label"):
-                d = (gg.set_index("seed")[m] - hard).dropna()
+                d = (pd.Series(gg[m].to_numpy(), index=pd.MultiIndex.from_tuples(pairs(gg))) - hard).dropna()
                 if len(d) >= 3:
                     sds.append(d.std(ddof=1))
         print(

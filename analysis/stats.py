@@ -16,6 +16,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
+from scipy import optimize
 from scipy import stats as sps
 
 LEVEL = 0.95
@@ -145,3 +146,49 @@ def paired_differences(a: dict, b: dict) -> tuple[np.ndarray, list]:
     """
     keys = sorted(k for k in a.keys() & b.keys() if np.isfinite(a[k]) and np.isfinite(b[k]))
     return np.array([a[k] - b[k] for k in keys], dtype=np.float64), keys
+
+
+# ------------------------------------------------------------------------------------------------ sample size
+N_MAX = 100_000
+
+
+def _check_design(sd: float, effect: float, alpha: float, contrasts: int) -> None:
+    if not (isinstance(sd, (int, float)) and math.isfinite(sd) and sd > 0):
+        raise ValueError(f"sd={sd!r} is not valid; allowed: a finite number > 0")
+    if not (isinstance(effect, (int, float)) and math.isfinite(effect) and effect != 0):
+        raise ValueError(f"effect={effect!r} is not valid; allowed: a finite number != 0")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha!r} is not valid; allowed: 0 < alpha < 1")
+    if isinstance(contrasts, bool) or not isinstance(contrasts, int) or contrasts < 1:
+        raise ValueError(f"contrasts={contrasts!r} is not valid; allowed: an integer >= 1")
+
+
+def power_paired(n: int, sd: float, effect: float, alpha: float = 0.05, contrasts: int = 1) -> float:
+    """Power of the two-sided paired t-test over ``n`` pairs at level ``alpha / contrasts`` (noncentral t)."""
+    _check_design(sd, effect, alpha, contrasts)
+    if n < 2:
+        raise ValueError(f"n={n!r} is not valid; allowed: an integer >= 2 (a paired t-test needs 2 pairs)")
+    return power(effect, sd, n, alpha / contrasts)  # Bonferroni level: Holm's first step, a lower bound
+
+
+def n_paired(sd: float, effect: float, alpha: float = 0.05, power: float = 0.8, contrasts: int = 1) -> int:
+    """Smallest number of pairs whose paired t-test (level alpha / contrasts) has at least ``power``."""
+    _check_design(sd, effect, alpha, contrasts)
+    if not 0 < power < 1:
+        raise ValueError(f"power={power!r} is not valid; allowed: 0 < power < 1")
+    z = sps.norm.ppf(1 - alpha / contrasts / 2) + sps.norm.ppf(power)
+    n = max(2, math.floor((z * sd / effect) ** 2))  # the normal approximation is a lower bound for the t-test
+    while power_paired(n, sd, effect, alpha, contrasts) < power:
+        n += 1
+        if n > N_MAX:
+            raise ValueError(f"more than {N_MAX} pairs needed for effect {effect} at sd {sd}")
+    return n
+
+
+def mde(n: int, sd: float, alpha: float = 0.05, power: float = 0.8, contrasts: int = 1) -> float:
+    """Smallest |effect| the paired t-test over ``n`` pairs detects with ``power`` (the inverse of n_paired)."""
+    _check_design(sd, 1.0, alpha, contrasts)
+    hi = sd
+    while power_paired(n, sd, hi, alpha, contrasts) < power:
+        hi *= 2
+    return float(optimize.brentq(lambda e: power_paired(n, sd, e, alpha, contrasts) - power, 1e-9 * sd, hi))

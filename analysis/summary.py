@@ -28,6 +28,19 @@ FINAL_FRACTION = 0.05
 ID_COLUMNS = ["run", "sweep", "run_id", "label", "arm", "seed", "baseline", "point"]
 """One summary row per (sweep, run): ``run`` is the run's key (its folder's sweep/run_id), ``sweep`` and
 ``run_id`` the sweep it is counted in and its id there."""
+WARM_START = "meta.warm_start.sha256"
+"""The run folder field (config.yaml ``meta.warm_start.sha256``) that names the weights a run started from."""
+
+
+def pairs(df: pd.DataFrame) -> list[tuple]:
+    """THE pairing rule, one key per row of a summary (or runs) frame: two runs are a pair when they have the same RL
+    seed and start from the same warm start (the sha256 of its weights, column ``warm_start``; "" for runs made
+    before it was recorded, which pair only with each other). Arms of one seed that started from different weights
+    (a warm start rebuilt on another CPU) are not a pair."""
+    ws = df["warm_start"] if "warm_start" in df.columns else pd.Series([""] * len(df), index=df.index)
+    return list(zip(df["seed"], ws.fillna("").astype(str)))
+
+
 STEP_METRICS: Registry = Registry("metric")
 
 
@@ -190,8 +203,15 @@ def eval_curves(counts: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, axis=1).reset_index()
 
 
-LATE_FRACTION = 0.5
-"""``late_pass@1``: mean over the evaluations in the last half of training (steps >= half the last eval step)."""
+LATE_WINDOW = (0.5, 1.0)
+"""THE late window (analysis/regime.yaml, ``primary_metric.window``, pre-registered): the evaluations at steps s with
+lo x steps <= s <= hi x steps. ``late_pass@1`` here and the evidence plan's ``late_pass1`` (analysis.regime) are the
+mean held-out sampled accuracy over it."""
+
+
+def in_late_window(step, steps, window=LATE_WINDOW):
+    """Whether eval step(s) ``step`` fall in the late window of a run of ``steps`` RL steps (scalars or arrays)."""
+    return (window[0] * steps <= step) & (step <= window[1] * steps)
 
 
 def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
@@ -205,7 +225,7 @@ def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
     metrics = [c for c in fin.columns if c not in ("run", "step", "benchmark")]
     out = fin.groupby("run")[metrics].mean()
     out.insert(0, "eval_step", fin.groupby("run")["step"].max())
-    late = curves[curves["step"] >= LATE_FRACTION * last]
+    late = curves[in_late_window(curves["step"], last)]  # a run's last eval is at its last step
     late_cols = [m for m in ("pass@1", "greedy") if m in late.columns]
     if late_cols:
         per_step = late.groupby(["run", "step"])[late_cols].mean()
@@ -243,6 +263,9 @@ def summarize(rs: RunSet, with_eval: bool = True) -> pd.DataFrame:
     out.insert(
         len([c for c in ID_COLUMNS if c in out.columns]), "legacy", [bool(legacy.get(r, False)) for r in out["run"]]
     )
+    ws = dict(zip(runs["run"], runs[WARM_START])) if len(runs) and WARM_START in runs.columns else {}
+    out.insert(out.columns.get_loc("legacy") + 1, "warm_start", [ws.get(r) if isinstance(ws.get(r), str) else ""
+                                                                 for r in out["run"]])  # fmt: skip
     # one run per (sweep, label, seed): two configs can land on one label (an old folder whose arm's values changed
     # since, counted in its own sweep); keep the one today's sweep file holds, then current code before legacy
     in_file = members["in_file"].to_numpy(dtype=bool) if "in_file" in members.columns else np.ones(len(out), bool)

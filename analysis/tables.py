@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.stats import interval, paired_differences
-from analysis.summary import metric_doc
+from analysis.summary import metric_doc, pairs
 from experiments.rundir import REPO_ROOT
 
 PAPER_DIR = REPO_ROOT / "results" / "paper"
@@ -151,8 +151,9 @@ def compare(s: pd.DataFrame, a: str, b: str, metric: str) -> dict:
         {a, b, metric, mean, lo, hi, n, mixed, a_mean, b_mean, seeds}; lo/hi NaN with fewer than 2 pairs; ``mixed``:
         pairs of a legacy and a current run (:func:`mixed_pairs`).
     """
-    va = dict(zip(s.loc[s["label"] == a, "seed"], s.loc[s["label"] == a, metric], strict=True))
-    vb = dict(zip(s.loc[s["label"] == b, "seed"], s.loc[s["label"] == b, metric], strict=True))
+    sa, sb = s[s["label"] == a], s[s["label"] == b]
+    va = dict(zip(pairs(sa), sa[metric], strict=True))
+    vb = dict(zip(pairs(sb), sb[metric], strict=True))
     diffs, seeds = paired_differences(va, vb)
     mean, lo, hi, n = interval(diffs)
     return {
@@ -176,8 +177,8 @@ def mixed_pairs(s: pd.DataFrame, a: str, b: str, seeds) -> int:
     that same-seed pairing relies on (the draws changed with the code), so such pairs are counted and shown."""
     if "legacy" not in s.columns:
         return 0
-    la = dict(zip(s.loc[s["label"] == a, "seed"], s.loc[s["label"] == a, "legacy"]))
-    lb = dict(zip(s.loc[s["label"] == b, "seed"], s.loc[s["label"] == b, "legacy"]))
+    la = dict(zip(pairs(s[s["label"] == a]), s.loc[s["label"] == a, "legacy"]))
+    lb = dict(zip(pairs(s[s["label"] == b]), s.loc[s["label"] == b, "legacy"]))
     return sum(bool(la[k]) != bool(lb[k]) for k in seeds)
 
 

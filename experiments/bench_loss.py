@@ -28,6 +28,7 @@ Commands:
     python -m experiments.bench_loss                                  # B=64, T=4096, float32, torch's threads
     python -m experiments.bench_loss --threads 1 --clock cpu          # steadier on a busy machine
     python -m experiments.bench_loss --level sequence                 # the GSPO variants
+    python -m experiments.bench_loss --verl --threads 1 --clock cpu   # + verl's clip_cov / kl_cov next to ours
     python -m experiments.bench_loss --tiny-step --steps 120 --threads 1 --clock cpu   # RL step, nsr vs hard
 """
 
@@ -53,6 +54,9 @@ DEFAULT_SPREAD = {"token": 0.15, "sequence": 0.015}
 RATIO_NOISE = 0.1
 TARGET_VS_OPENRLHF = 2.0
 """Every rule's median at most this many times PolicyLoss's (issue: plain rules, speed that matters)."""
+TARGET_VS_VERL = 1.2
+"""Clip-Cov and KL-Cov: median at most this many times verl 0.9.1's own clip_cov / kl_cov (``--verl``)."""
+VERL_RULES = ("clip_cov", "kl_cov")
 TARGET_STEP = 1.03
 """nsr's median RL step at most this many times hard's on the tiny testbed."""
 TINY_PRESET = Path(__file__).resolve().parents[1] / "sweeps" / "presets" / "tiny.yaml"
@@ -82,6 +86,41 @@ def make_inputs(B: int, T: int, dtype: torch.dtype, spread: float, seed: int = 0
 
 def rule_config(rule: str, level: str) -> nsr.LossConfig:
     return nsr.LossConfig(rule=rule, level=level, ratio_noise=RATIO_NOISE if "decision" in rule else 0.0)
+
+
+def verl_cases(old, adv, mask) -> list[Case]:
+    """verl 0.9.1's own ``clip_cov`` and ``kl_cov`` policy losses (verl.trainer.ppo.core_algos) + backward, with the
+    parameters of our rules' defaults (eps 0.2 / 0.28, clip_cov_frac / kl_cov_frac, bounds, coefficient)."""
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    d = nsr.LossConfig(rule="hard")
+    extra = {
+        "clip_cov": dict(clip_cov_ratio=d.clip_cov_frac, clip_cov_lb=d.clip_cov_lb, clip_cov_ub=d.clip_cov_ub),
+        "kl_cov": dict(kl_cov_ratio=d.kl_cov_frac, ppo_kl_coef=d.kl_cov_coef),
+    }
+    cases = []
+    for mode in VERL_RULES:
+        cfg = ActorConfig(
+            strategy="fsdp",
+            rollout_n=1,
+            ppo_micro_batch_size_per_gpu=1,
+            clip_ratio_low=d.eps_low,
+            clip_ratio_high=d.eps_high,
+            policy_loss=PolicyLossConfig(loss_mode=mode, **extra[mode]),
+        )
+
+        cases.append(Case(f"verl:{mode}", _verl_step(core_algos.get_policy_loss_fn(mode), cfg, old, adv, mask)))
+    return cases
+
+
+def _verl_step(fn, cfg, old, adv, mask):
+    def step(logp):
+        loss, _ = fn(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, config=cfg)
+        loss.backward()
+        return {}
+
+    return step
 
 
 def build_cases(old, adv, mask, level: str, seed: int = 0) -> list[Case]:
@@ -160,6 +199,8 @@ def measure(args) -> dict:
     spread = DEFAULT_SPREAD[args.level] if args.spread is None else args.spread
     logp, old, adv, mask = make_inputs(args.B, args.T, dtype, spread, seed=args.seed)
     cases = build_cases(old, adv, mask, args.level, seed=args.seed)
+    if args.verl:
+        cases += verl_cases(old, adv, mask)
     times = time_cases(cases, logp, args.repeats, args.warmup, args.clock, seed=args.seed)
     rows = []
     for case in cases:
@@ -201,7 +242,8 @@ def format_table(result: dict) -> str:
     s = result["setup"]
     hard = next(r for r in result["rows"] if r["name"] == "hard")
     unit = "tokens" if s["level"] == "token" else "sequences"
-    worst = max((r for r in result["rows"] if r["name"] != "openrlhf"), key=lambda r: r["vs_openrlhf"])
+    rules = [r for r in result["rows"] if r["name"] != "openrlhf" and not r["name"].startswith("verl:")]
+    worst = max(rules, key=lambda r: r["vs_openrlhf"])
     lines = [
         f"B={s['B']} T={s['T']} {s['dtype']} level={s['level']} threads={s['threads']} torch {s['torch']}; "
         f"{s['valid_frac']:.0%} of (B, T) valid; {s['clock']} clock, median of {s['repeats']} interleaved rounds; "
@@ -220,6 +262,12 @@ def format_table(result: dict) -> str:
     verdict = "met" if worst["vs_openrlhf"] <= TARGET_VS_OPENRLHF else "MISSED"
     lines += ["", f"slowest rule: {worst['name']} {worst['vs_openrlhf']:.2f}x OpenRLHF (target <= "
               f"{TARGET_VS_OPENRLHF:g}x: {verdict})"]  # fmt: skip
+    ms = {r["name"]: r["median_ms"] for r in result["rows"]}
+    for rule in VERL_RULES:
+        if f"verl:{rule}" in ms and rule in ms:
+            x = ms[rule] / ms[f"verl:{rule}"]
+            verdict = "met" if x <= TARGET_VS_VERL else "MISSED"
+            lines.append(f"{rule}: {x:.2f}x verl's {rule} (target <= {TARGET_VS_VERL:g}x: {verdict})")
     return "\n".join(lines)
 
 
@@ -323,6 +371,12 @@ def parse_args(argv=None):
     p.add_argument("--spread", type=float, default=None, help="std of the per-token log-ratio (default by level)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny-step", action="store_true", help="time RL steps of the tiny testbed, nsr vs hard")
+    p.add_argument(
+        "--verl",
+        action="store_true",
+        help="also time verl 0.9.1's own clip_cov and kl_cov losses (token level; verl installed) and print our "
+        "Clip-Cov / KL-Cov against them",
+    )
     p.add_argument("--steps", type=int, default=120, help="--tiny-step: timed steps per rule (default 120)")
     p.add_argument("--warmup-steps", type=int, default=3, help="--tiny-step: untimed steps first (default 3)")
     p.add_argument("--preset", default=str(TINY_PRESET), help="--tiny-step: the run config (default tiny.yaml)")
@@ -341,6 +395,8 @@ def parse_args(argv=None):
         p.error(f"--threads must be >= 1, got {args.threads}")
     if args.clock == "cpu" and args.threads != 1:
         p.error("--clock cpu counts this thread only, so it needs --threads 1")
+    if args.verl and args.level != "token":
+        p.error("--verl compares the token-level Clip-Cov and KL-Cov; it needs --level token")
     if args.tiny_step and not Path(args.preset).is_file():
         p.error(f"--preset {args.preset!r} is not a file")
     return args

@@ -2,8 +2,9 @@
 
 YAML in and out; ``key=value`` overrides (``seed=3``, ``loss.rule=nsr``, ``train.lr=1e-4``) are checked against
 the field types; every check runs at construction, before any work starts, and names the key, the file and the
-allowed values. A run's id is a readable name plus 8 hex of the sha256 of the canonical JSON of its fields
-(``logging`` excluded: it does not change a number), so a new commit does not rename runs.
+allowed values. A run's id is a readable name plus 8 hex of the sha256 of the canonical JSON of the fields its
+outputs depend on (:data:`IDENTITY`, per backend), so a new commit, or a new field of another backend, does not rename
+runs.
 
     from experiments.config import load_config
     cfg = load_config("sweeps/presets/tiny.yaml", ["loss.rule=nsr", "seed=1"])
@@ -26,20 +27,19 @@ from typing import Any, Literal
 
 import yaml
 
+from experiments.checks import ConfigError, check_field, check_range
+from experiments.tiny.checks import check_config as check_tiny
+from experiments.trl.checks import check_config as check_trl
+from experiments.yamlio import parse_yaml, read_yaml
 from nsr import AdvantageConfig, LossConfig
 from nsr.config import AGG_MODES
 
+__all__ = ["ConfigError", "RunConfig", "check_field", "from_dict", "load_config"]
+
+BACKEND_CHECKS = {"tiny": check_tiny, "trl": check_trl}
+"""Checks of the backends that run a RunConfig in this process (the openrlhf backend's are its argv builder's)."""
+
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-class ConfigError(ValueError):
-    """A bad config value or key; the message names the source, the key and the allowed values."""
-
-
-def check_field(cls: str, key: str, ok: bool, allowed: str, value) -> None:
-    """Raise ConfigError "<cls>.<key>=<value> is not valid; allowed: <allowed>" unless ``ok``."""
-    if not ok:
-        raise ConfigError(f"{cls}.{key}={value!r} is not valid; allowed: {allowed}")
 
 
 SEED_MAX = 2**31 - 1
@@ -50,28 +50,6 @@ MAX_SAMPLES = 4096
 """Responses per prompt (rollout.samples_per_prompt, eval.n_samples): pass@k papers stop at k = 1024-4096."""
 MAX_TOKENS = 2**17
 MAX_TEMPERATURE = 10.0
-TINY_MAX_PARAMS = 10**8
-"""tiny backend: 12 x n_layer x d_model^2 at most (weights + Adam state ~1.6 GB in float32 on a CPU)."""
-TINY_MAX_SEQUENCES = 2**17
-"""tiny backend: sequences in one batch (a rollout's prompts x samples, an eval's prompts x samples); each
-batch is generated at once, so this bounds the memory a step needs (a few GB at the default width)."""
-
-
-def _range(cls: str, key: str, value, lo=None, hi=None, *, lo_open: bool = False) -> None:
-    """``value`` finite and in [lo, hi] (``(lo, hi]`` with ``lo_open``); ConfigError naming the key otherwise.
-
-    Non-finite floats never get here from YAML or ``key=value`` (the loader refuses them); this also covers
-    dataclasses built in Python.
-    """
-    parts = []
-    if lo is not None:
-        parts.append(f"> {lo}" if lo_open else f">= {lo}")
-    if hi is not None:
-        parts.append(f"<= {hi}")
-    allowed = "a finite number " + " and ".join(parts) if parts else "a finite number"
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (lo is None or (value > lo if lo_open else value >= lo)) and (hi is None or value <= hi)
-    check_field(cls, key, ok, allowed, value)
 
 
 @dataclass(frozen=True)
@@ -88,9 +66,9 @@ class ModelConfig:
     """tiny: attention heads."""
 
     def __post_init__(self):
-        _range("model", "d_model", self.d_model, 1, 8192)
-        _range("model", "n_layer", self.n_layer, 1, 128)
-        _range("model", "n_head", self.n_head, 1, 256)
+        check_range("model", "d_model", self.d_model, 1, 8192)
+        check_range("model", "n_layer", self.n_layer, 1, 128)
+        check_range("model", "n_head", self.n_head, 1, 256)
         check_field("model", "d_model", self.d_model % self.n_head == 0, "a multiple of n_head", self.d_model)
 
 
@@ -107,12 +85,12 @@ class SFTConfig:
     """The warm start's own seed: every RL seed starts from the same checkpoint."""
 
     def __post_init__(self):
-        _range("sft", "steps", self.steps, 0, MAX_STEPS)
-        _range("sft", "batch_size", self.batch_size, 1, MAX_BATCH)
-        _range("sft", "lr", self.lr, 0, 1, lo_open=True)
-        _range("sft", "warmup", self.warmup, 0, MAX_STEPS)
-        _range("sft", "weight_decay", self.weight_decay, 0, 1)
-        _range("sft", "seed", self.seed, 0, SEED_MAX)
+        check_range("sft", "steps", self.steps, 0, MAX_STEPS)
+        check_range("sft", "batch_size", self.batch_size, 1, MAX_BATCH)
+        check_range("sft", "lr", self.lr, 0, 1, lo_open=True)
+        check_range("sft", "warmup", self.warmup, 0, MAX_STEPS)
+        check_range("sft", "weight_decay", self.weight_decay, 0, 1)
+        check_range("sft", "seed", self.seed, 0, SEED_MAX)
 
 
 @dataclass(frozen=True)
@@ -135,7 +113,7 @@ class TaskConfig:
     '' = the folder of ``train_data``."""
 
     def __post_init__(self):
-        _range("task", "max_prompt_len", self.max_prompt_len, 1, MAX_TOKENS)
+        check_range("task", "max_prompt_len", self.max_prompt_len, 1, MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -150,10 +128,10 @@ class RolloutConfig:
     """Response budget (tiny: the completion length)."""
 
     def __post_init__(self):
-        _range("rollout", "prompts_per_step", self.prompts_per_step, 1, MAX_BATCH)
-        _range("rollout", "samples_per_prompt", self.samples_per_prompt, 2, MAX_SAMPLES)
-        _range("rollout", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
-        _range("rollout", "max_new_tokens", self.max_new_tokens, 1, MAX_TOKENS)
+        check_range("rollout", "prompts_per_step", self.prompts_per_step, 1, MAX_BATCH)
+        check_range("rollout", "samples_per_prompt", self.samples_per_prompt, 2, MAX_SAMPLES)
+        check_range("rollout", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
+        check_range("rollout", "max_new_tokens", self.max_new_tokens, 1, MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -177,7 +155,7 @@ class TrainConfig:
     allow_on_policy: bool = False
     """epochs x minibatches == 1 makes every ratio 1, so every clip rule equals the baseline; refused unless True."""
     dgg: bool = False
-    """Dynamic Gradient Gating (arXiv 2605.19425; tiny: experiments/tiny/dgg.py, openrlhf: nsr/openrlhf/gate.py, as
+    """Dynamic Gradient Gating (arXiv 2605.19425; tiny: experiments/tiny/train.py, openrlhf: nsr/openrlhf/gate.py, as
     --nsr.dgg): skip an update whose lm_head
     gradient norm exceeds dgg_k x the median of the previous dgg_window updates' norms (docs/method.md [choice]);
     the first update of each rollout is never gated."""
@@ -187,19 +165,19 @@ class TrainConfig:
     """DGG: how many previous updates' norms the median is taken over (>= 1)."""
 
     def __post_init__(self):
-        _range("train", "steps", self.steps, 1, MAX_STEPS)
-        _range("train", "lr", self.lr, 0, 1, lo_open=True)
-        _range("train", "epochs", self.epochs, 1, 1000)
-        _range("train", "minibatches", self.minibatches, 1, MAX_BATCH)
-        _range("train", "grad_clip", self.grad_clip, 0, lo_open=True)
+        check_range("train", "steps", self.steps, 1, MAX_STEPS)
+        check_range("train", "lr", self.lr, 0, 1, lo_open=True)
+        check_range("train", "epochs", self.epochs, 1, 1000)
+        check_range("train", "minibatches", self.minibatches, 1, MAX_BATCH)
+        check_range("train", "grad_clip", self.grad_clip, 0, lo_open=True)
         betas_ok = len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas)  # NaN fails 0 <= b
         check_field("train", "adam_betas", betas_ok, "two numbers in [0, 1)", self.adam_betas)
-        _range("train", "weight_decay", self.weight_decay, 0, 1)
+        check_range("train", "weight_decay", self.weight_decay, 0, 1)
         check_field("train", "agg_mode", self.agg_mode in AGG_MODES, ", ".join(AGG_MODES), self.agg_mode)
-        _range("train", "entropy_coef", self.entropy_coef, 0)
-        _range("train", "kl_coef", self.kl_coef, 0)
-        _range("train", "dgg_k", self.dgg_k, 1, 1000, lo_open=True)
-        _range("train", "dgg_window", self.dgg_window, 1, 10000)
+        check_range("train", "entropy_coef", self.entropy_coef, 0)
+        check_range("train", "kl_coef", self.kl_coef, 0)
+        check_range("train", "dgg_k", self.dgg_k, 1, 1000, lo_open=True)
+        check_range("train", "dgg_window", self.dgg_window, 1, 10000)
         if self.epochs * self.minibatches == 1 and not self.allow_on_policy:
             raise ConfigError(
                 "train.epochs * train.minibatches = 1: one optimizer step per rollout keeps every ratio at 1, so "
@@ -241,11 +219,11 @@ class EvalConfig:
     """Seed of the eval prompt set and its sampling (the same for every run, so arms are paired)."""
 
     def __post_init__(self):
-        _range("eval", "every", self.every, 0, MAX_STEPS)
-        _range("eval", "n_prompts", self.n_prompts, 0, MAX_BATCH)
-        _range("eval", "n_samples", self.n_samples, 0, MAX_SAMPLES)
-        _range("eval", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
-        _range("eval", "seed", self.seed, 0, SEED_MAX)
+        check_range("eval", "every", self.every, 0, MAX_STEPS)
+        check_range("eval", "n_prompts", self.n_prompts, 0, MAX_BATCH)
+        check_range("eval", "n_samples", self.n_samples, 0, MAX_SAMPLES)
+        check_range("eval", "temperature", self.temperature, 0, MAX_TEMPERATURE, lo_open=True)
+        check_range("eval", "seed", self.seed, 0, SEED_MAX)
 
 
 @dataclass(frozen=True)
@@ -260,7 +238,7 @@ class LoggingConfig:
     """Keep the final checkpoint in the run folder (tiny: a few hundred kB)."""
 
     def __post_init__(self):
-        _range("logging", "checkpoint_every", self.checkpoint_every, 0, MAX_STEPS)
+        check_range("logging", "checkpoint_every", self.checkpoint_every, 0, MAX_STEPS)
 
 
 @dataclass(frozen=True)
@@ -301,19 +279,19 @@ class OpenRLHFConfig:
     builder sets from other fields are refused here (set the field instead)."""
 
     def __post_init__(self):  # one field at a time; how fields fit together is checked by the argv builder
-        _range("openrlhf", "nodes", self.nodes, 1, 1024)
-        _range("openrlhf", "gpus_per_node", self.gpus_per_node, 1, 64)
-        _range("openrlhf", "vllm_engines", self.vllm_engines, 1, 65536)
-        _range("openrlhf", "vllm_tensor_parallel", self.vllm_tensor_parallel, 1, 64)
-        _range("openrlhf", "vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, 0, 1, lo_open=True)
+        check_range("openrlhf", "nodes", self.nodes, 1, 1024)
+        check_range("openrlhf", "gpus_per_node", self.gpus_per_node, 1, 64)
+        check_range("openrlhf", "vllm_engines", self.vllm_engines, 1, 65536)
+        check_range("openrlhf", "vllm_tensor_parallel", self.vllm_tensor_parallel, 1, 64)
+        check_range("openrlhf", "vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, 0, 1, lo_open=True)
         check_field("openrlhf", "zero_stage", self.zero_stage in (0, 1, 2, 3), "0, 1, 2, 3", self.zero_stage)
-        _range("openrlhf", "micro_train_batch_size", self.micro_train_batch_size, 1, MAX_BATCH)
-        _range("openrlhf", "micro_rollout_batch_size", self.micro_rollout_batch_size, 1, MAX_BATCH)
-        _range("openrlhf", "train_batch_size", self.train_batch_size, 1, MAX_BATCH)
-        _range("openrlhf", "save_steps", self.save_steps, 1, MAX_STEPS)
-        _range("openrlhf", "lr_warmup_ratio", self.lr_warmup_ratio, 0, 1)
-        _range("openrlhf", "overlong_buffer_len", self.overlong_buffer_len, 0, MAX_TOKENS)
-        _range("openrlhf", "overlong_penalty_factor", self.overlong_penalty_factor, 0)
+        check_range("openrlhf", "micro_train_batch_size", self.micro_train_batch_size, 1, MAX_BATCH)
+        check_range("openrlhf", "micro_rollout_batch_size", self.micro_rollout_batch_size, 1, MAX_BATCH)
+        check_range("openrlhf", "train_batch_size", self.train_batch_size, 1, MAX_BATCH)
+        check_range("openrlhf", "save_steps", self.save_steps, 1, MAX_STEPS)
+        check_range("openrlhf", "lr_warmup_ratio", self.lr_warmup_ratio, 0, 1)
+        check_range("openrlhf", "overlong_buffer_len", self.overlong_buffer_len, 0, MAX_TOKENS)
+        check_range("openrlhf", "overlong_penalty_factor", self.overlong_penalty_factor, 0)
 
 
 @dataclass(frozen=True)
@@ -354,37 +332,24 @@ class RunConfig:
         check_field(
             "RunConfig", "backend", self.backend in ("tiny", "openrlhf", "trl"), "tiny, openrlhf, trl", self.backend
         )
-        if self.backend == "trl":
-            from experiments.trl import check_config as check_trl  # model / task / batch checks; late import
-
-            check_trl(self)
-        _range("RunConfig", "seed", self.seed, 0, SEED_MAX)
-        if self.backend == "tiny":
-            _check_tiny_sizes(self)
-            from experiments.tiny import check_config  # task/model registries and sizes; late import (cycle)
-
-            check_config(self)
-        else:  # options the tiny loop implements and the OpenRLHF launcher does not (docs/method.md)
+        check_range("RunConfig", "seed", self.seed, 0, SEED_MAX)
+        if self.backend in BACKEND_CHECKS:  # model / task / batch checks of the backend that runs it
+            BACKEND_CHECKS[self.backend](self)
+        if self.backend != "tiny":  # options the tiny loop implements and the OpenRLHF launcher does not
             allowed = "verifier (label-free rewards are a tiny-backend option)"
             check_field("reward", "source", self.reward.source == "verifier", allowed, self.reward.source)
-            if self.backend == "trl":
-                allowed = "false (DGG is an option of the tiny and openrlhf backends)"
-                check_field("train", "dgg", not self.train.dgg, allowed, self.train.dgg)
 
     # ---------------------------------------------------------------- views
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(self)
 
-    def hash_dict(self) -> dict[str, Any]:
-        """The fields that enter the run id (all but ``logging``)."""
-        d = self.to_dict()
-        d.pop("logging")
-        return d
+    def identity(self) -> dict[str, Any]:
+        """The fields this run's outputs depend on (:data:`IDENTITY`), as a nested dict: what the run id hashes."""
+        return project(self.to_dict(), IDENTITY[self.backend])
 
     def run_hash(self) -> str:
-        """8 hex of sha256 over the canonical sorted JSON of :meth:`hash_dict`."""
-        blob = json.dumps(self.hash_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:8]
+        """8 hex of sha256 over the canonical sorted JSON of :meth:`identity`."""
+        return _sha8(self.identity())
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -393,17 +358,62 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _check_tiny_sizes(cfg: RunConfig) -> None:
-    """What the tiny backend can hold on a CPU: the model's size and the batches it generates at once."""
-    m, r, e = cfg.model, cfg.rollout, cfg.eval
-    params = 12 * m.n_layer * m.d_model**2
-    allowed = f"12 x n_layer x d_model^2 <= {TINY_MAX_PARAMS:.0e} (a model the tiny backend trains on a CPU)"
-    check_field("model", "d_model", params <= TINY_MAX_PARAMS, allowed, m.d_model)
-    allowed = f"prompts_per_step x samples_per_prompt <= {TINY_MAX_SEQUENCES} (one batch on a CPU)"
-    batch = r.prompts_per_step * r.samples_per_prompt
-    check_field("rollout", "samples_per_prompt", batch <= TINY_MAX_SEQUENCES, allowed, r.samples_per_prompt)
-    allowed = f"eval.n_prompts x n_samples <= {TINY_MAX_SEQUENCES} (one batch on a CPU)"
-    check_field("eval", "n_samples", e.n_prompts * e.n_samples <= TINY_MAX_SEQUENCES, allowed, e.n_samples)
+IDENTITY_SCHEME = 2
+"""Version of the identity rule, recorded in each run's config.yaml (``meta.identity``). Scheme 1 (runs made before
+2026-12-03) hashed every field but ``logging``; :func:`scheme1_hash` recomputes it, only to tell whether such a folder
+was made by older code (``legacy``)."""
+
+_METHOD = ("backend", "seed", "rollout", "train", "loss", "advantages", "reward", "eval")
+IDENTITY: dict[str, tuple[str, ...]] = {
+    "tiny": (*_METHOD, "model", "sft", "task.name", "logging.keep_checkpoint"),
+    "trl": (*_METHOD, "model", "sft", "task", "trl", "logging.checkpoint_every", "logging.keep_checkpoint"),
+    "openrlhf": (*_METHOD, "model", "task", "openrlhf", "logging.keep_checkpoint"),
+}
+"""Per backend, the dotted fields (a section stands for all its fields) that a run's outputs depend on: its numbers,
+its evaluation, and the files it leaves (``logging.keep_checkpoint`` keeps the final checkpoint; the trl backend keeps
+every ``checkpoint_every`` checkpoint). Left out: other backends' sections, fields the backend never reads (tiny:
+task.train_data and the other openrlhf task fields; openrlhf: the warm start), the progress
+bar, and ``train.allow_on_policy`` (a guard at construction; no trainer reads it). The sections of the method
+(``loss``, ``advantages``) enter whole: a rule's parameters are part of its config even where the rule ignores one
+(the hard rule at delta 0.5 is its own config, with the numbers of delta 0.2). tests/test_identity.py checks, on the
+tiny backend, that no field outside this table is read during a run and that changing every one of them leaves the
+outputs byte-identical."""
+_NOT_READ = ("train.allow_on_policy",)
+NEUTRAL = ("logging.checkpoint_every", "logging.progress")
+"""Fields a tiny run reads that change none of its outputs: when it checkpoints (a resumed run ends with exactly the
+rows of an uninterrupted one, and the last checkpoint is removed unless kept) and the progress bar."""
+
+
+def project(data: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """The nested dict ``data`` cut down to ``fields`` (dotted; a section keeps all of its keys), minus
+    :data:`_NOT_READ`."""
+    out: dict[str, Any] = {}
+    for dotted in fields:
+        path = dotted.split(".")
+        node = data
+        for p in path:
+            node = node[p]
+        dst = out
+        for p in path[:-1]:
+            dst = dst.setdefault(p, {})
+        dst[path[-1]] = json.loads(json.dumps(node))
+    for dotted in _NOT_READ:
+        section, _, leaf = dotted.rpartition(".")
+        if isinstance(out.get(section), dict):
+            out[section].pop(leaf, None)
+    return out
+
+
+def _sha8(data) -> str:
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
+def scheme1_hash(cfg: RunConfig) -> str:
+    """The run hash of identity scheme 1 (every field but ``logging``), as the runs made before scheme 2 recorded it."""
+    d = cfg.to_dict()
+    d.pop("logging")
+    return _sha8(d)
 
 
 # -------------------------------------------------------------------- generic (de)serialisation
@@ -540,94 +550,6 @@ def apply_overrides(data: dict, overrides: list[str] | dict) -> dict:
     for key, value in items:
         merge(out, key.split(".") if isinstance(key, str) else key, value)
     return out
-
-
-class _UniqueKeys:
-    """A safe YAML loader's mapping constructor that refuses a key given twice in one mapping (PyYAML keeps the last
-    one silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            first_line: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged keys may be overridden
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    if key in first_line:
-                        raise yaml.constructor.ConstructorError(
-                            None,
-                            None,
-                            f"duplicate key {key!r} (first at line {first_line[key]}); allowed: each key once",
-                            key_node.start_mark,
-                        )
-                    first_line[key] = key_node.start_mark.line + 1
-                except TypeError:  # an unhashable key: SafeLoader's own error says so below
-                    continue
-        return super().construct_mapping(node, deep=deep)
-
-
-class _UniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """Safe loading (libyaml's parser where installed: 7x faster on run folders) with duplicate keys refused."""
-
-
-def parse_yaml(text: str, source: str = "<string>") -> Any:
-    """YAML ``text`` as Python values, refusing duplicate keys; ConfigError naming ``source``, the line and the key.
-
-    Safe (no arbitrary objects). An empty document gives None.
-    """
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f" line {mark.line + 1}:" if mark is not None else ""
-        what = "" if str(e.problem).startswith("duplicate key") else " not valid YAML:"
-        raise ConfigError(f"{source}:{where}{what} {e.problem}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from None
-
-
-def load_yaml(path: str | Path) -> Any:
-    """The one YAML reader of the repo (configs, presets, sweeps, the site file, claims files, run folders).
-
-    Returns the parsed document (None for an empty file). Raises ConfigError (a ValueError) naming the file: no such
-    file, not a text file (binary data), not valid YAML, or a duplicate key (with its line and the first one's).
-    """
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a folder; allowed: a YAML file") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a text file (byte {e.start} is not UTF-8); allowed: a YAML file") from None
-    if "\x00" in text:
-        raise ConfigError(f"{path}: not a text file (a NUL byte at {text.index(chr(0))}); allowed: a YAML file")
-    return parse_yaml(text, str(path))
-
-
-def read_yaml(path: str | Path, what: str = "config") -> dict:
-    """A YAML file that must be a non-empty mapping (a config, a preset, a sweep); ConfigError otherwise."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such {what} file")
-    data = load_yaml(path)
-    if data is None or data == {}:
-        hint = (
-            "to run the defaults, say so: start from a preset (sweeps/presets/tiny.yaml, tiny-smoke.yaml) or "
-            "write the keys you mean (e.g. `backend: tiny`)"
-            if what == "config"
-            else "allowed: a mapping of keys"
-        )
-        raise ConfigError(f"{path}: empty {what} file (no keys); {hint}")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
-    return data
 
 
 META_KEYS = ("meta", "preset")

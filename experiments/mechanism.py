@@ -8,11 +8,19 @@ every ``d op d op d`` over the prompt's digits that hits the target), so the pro
 completion is correct is the sum, over them, of the teacher-forced probability of ``answer + EOS``; no sampling.
 
 The difference rule - hard at the same state is a paired replicate; its mean over states says whether the signal
-the rule adds to hard clipping improves the policy on average, with a Student-t interval over states (and one over
-the per-run means, which does not assume states of one run to be independent).
+the rule adds to hard clipping improves the policy on average. This module measures and writes one JSON line per
+state (``--out``); ``python -m analysis.mechanism FILE`` gives the Student-t intervals over states and over the
+per-run means, and the stage-A2 gate (docs/evidence.md).
 
-    python -m experiments.mechanism --states 300 --runs 3 --rules hard,nsr,soft,widen
-    python -m experiments.mechanism --preset sweeps/presets/tiny-smoke.yaml --states 4 --runs 1 --every 2 train.steps=8
+    python -m experiments.mechanism --states 300 --runs 3 --rules nsr,soft,widen --out mech.jsonl
+    python -m experiments.mechanism --preset sweeps/presets/tiny-smoke.yaml --states 4 --runs 1 --every 2 \
+        --out /tmp/mech.jsonl train.steps=8
+    python -m analysis.mechanism mech.jsonl
+
+Baseline runs: ``--runs N`` walks seeds seed, seed + 1, ...; ``--seeds 201-208`` names them; ``--tie-sft-seed``
+gives each its own warm start (sft.seed = the run's seed), as the sweeps that tie them. Scores: exact pass@1 on the
+task's held-out split and (unless ``--no-train-split``) on its training split; ``--no-held-out`` skips the first.
+Any task whose correct answers can be enumerated (``Task.solutions``) can be tested.
 
 Rules: any name of ``nsr.RULES``, with optional loss overrides ``name:key=value:...`` (e.g.
 ``noisy_decision:ratio_noise=0.3``), or ``widen`` = hard with eps_low and eps_high widened by the preset's delta
@@ -24,23 +32,24 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
+import dataclasses
 import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
 import torch
 
 import nsr
 from experiments.config import ConfigError, RunConfig, load_config
+from experiments.rundir import append_jsonl
 from experiments.tiny import set_threads
 from experiments.tiny.model import build_model
-from experiments.tiny.rng import generator
 from experiments.tiny.sft import warm_start
-from experiments.tiny.task import EOS, Task, encode, get_task
+from experiments.tiny.task import EOS, TASKS, Task, encode, get_task
 from experiments.tiny.train import rl_step
+from nsr.seeds import generator
 
 DEFAULT_PRESET = "sweeps/presets/tiny.yaml"
 
@@ -74,18 +83,21 @@ def answer_set(task: Task, ids: torch.Tensor) -> AnswerSet:
 
 
 @torch.no_grad()
-def expected_pass1(model: torch.nn.Module, aset: AnswerSet, temperature: float = 1.0) -> float:
-    """Mean over the problems of P(one sample at ``temperature`` is correct), in float64.
+def expected_pass1(
+    model: torch.nn.Module, aset: AnswerSet, temperature: float = 1.0, dtype: torch.dtype = torch.float64
+) -> float:
+    """Mean over the problems of P(one sample at ``temperature`` is correct), computed in ``dtype`` (float64 by
+    default; float32 is 3x faster and exact to about 1e-6 of the probability, far below a one-update change).
 
     P(correct | x) = sum over the correct answers y of prod_t pi(y_t | x, y_<t); sampling stops at EOS, so
     ``y + EOS`` is the whole completion (a sampled completion is scored up to its first EOS).
     """
-    m = copy.deepcopy(model).double().eval()
+    m = copy.deepcopy(model).to(dtype).eval()
     p = aset.prompts.shape[1]
     seq = torch.cat([aset.prompts, aset.answers[:, :-1]], 1)
     logits = m(input_ids=seq, use_cache=False).logits[:, p - 1 :] / temperature
     logp = torch.log_softmax(logits, -1).gather(-1, aset.answers[..., None]).squeeze(-1).sum(-1)
-    per_problem = torch.zeros(aset.n_problems, dtype=torch.float64).index_add_(0, aset.problem, logp.exp())
+    per_problem = torch.zeros(aset.n_problems, dtype=torch.float64).index_add_(0, aset.problem, logp.exp().double())
     return float(per_problem.mean())
 
 
@@ -136,12 +148,17 @@ class StateResult:
     step: int
     before: float
     after: dict[str, float]
-    """rule label -> exact held-out pass@1 after its update."""
+    """rule label -> exact held-out pass@1 after its update (NaN with ``held_out=False``)."""
     train_after: dict[str, float]
-    """rule label -> exact pass@1 on the training split after its update (secondary)."""
+    """rule label -> exact pass@1 on the training split after its update (NaN with ``train_split=False``)."""
     train_before: float
     metrics: dict[str, dict[str, float]]
-    """rule label -> the update's clip_frac / rescue_frac (means over its optimizer steps)."""
+    """rule label -> the update's clip_frac / rescue_frac / grad_norm (means over its optimizer steps) and dose (the
+    gradient weight it gave clipped tokens, per valid token; :func:`_dose`)."""
+    seed: int = -1
+    """The baseline run's RL seed (-1 in files written before it was recorded: seed = preset seed + run)."""
+    sft_seed: int = -1
+    """The seed of the warm start the baseline run started from."""
 
 
 def state_steps(n_states: int, runs: int, start: int, every: int, steps: int) -> list[list[int]]:
@@ -167,23 +184,37 @@ def run_test(
     train_split: bool = True,
     progress: bool = False,
     on_state=None,
+    seeds: list[int] | None = None,
+    tie_sft_seed: bool = False,
+    held_out: bool = True,
+    score_dtype: torch.dtype = torch.float64,
 ) -> list[StateResult]:
-    """Walk ``runs`` hard baseline runs (seeds cfg.seed, cfg.seed + 1, ...) and test every rule at each state.
+    """Walk ``runs`` hard baseline runs (seeds ``seeds``, default cfg.seed, cfg.seed + 1, ...) and test every rule
+    at each state. ``tie_sft_seed``: each run starts from its own warm start (sft.seed = its seed).
 
     ``on_state(result)`` is called after each state (the CLI appends it to ``--out``, so a long test that is
     stopped keeps what it measured)."""
     set_threads()
+    seeds = list(seeds) if seeds is not None else [cfg.seed + i for i in range(runs)]
+    if len(seeds) != runs:
+        raise ValueError(f"seeds={seeds!r}: {len(seeds)} seeds for runs={runs}; allowed: one seed per run")
     task = get_task(cfg.task.name)
-    held = answer_set(task, task.eval_ids)
+    held = answer_set(task, task.eval_ids) if held_out else None
     train = answer_set(task, task.train_ids) if train_split else None
     temp = cfg.eval.temperature
     plan = state_steps(n_states, runs, start, every, cfg.train.steps)
-    state, _ = warm_start(cfg, progress=progress)
     results: list[StateResult] = []
     t0 = time.perf_counter()
-    for i, steps in enumerate(plan):
-        run_cfg = cfg.replace(seed=cfg.seed + i, loss=specs[0].loss)
-        model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
+
+    def score(model, aset):
+        return expected_pass1(model, aset, temp, score_dtype) if aset is not None else math.nan
+
+    for i, (steps, seed) in enumerate(zip(plan, seeds)):
+        run_cfg = cfg.replace(seed=seed, loss=specs[0].loss)
+        if tie_sft_seed:
+            run_cfg = run_cfg.replace(sft=dataclasses.replace(cfg.sft, seed=seed))
+        state, _ = warm_start(run_cfg, progress=progress)
+        model = build_model(cfg.model, generator(run_cfg.sft.seed, "sft-init"))
         model.load_state_dict(state)
         opt = _adamw(model, cfg)
         todo = set(steps)
@@ -191,8 +222,7 @@ def run_test(
             if step not in todo:
                 rl_step(model, opt, task, run_cfg, step)
                 continue
-            before = expected_pass1(model, held, temp)
-            train_before = expected_pass1(model, train, temp) if train else math.nan
+            before, train_before = score(model, held), score(model, train)
             snap = copy.deepcopy((model.state_dict(), opt.state_dict()))
             after, train_after, mets, nxt = {}, {}, {}, None
             for spec in specs:
@@ -200,14 +230,14 @@ def run_test(
                 m.load_state_dict(snap[0])
                 o = _adamw(m, cfg)
                 o.load_state_dict(copy.deepcopy(snap[1]))
-                row, _ = rl_step(m, o, task, run_cfg.replace(loss=spec.loss), step)
-                after[spec.label] = expected_pass1(m, held, temp)
-                train_after[spec.label] = expected_pass1(m, train, temp) if train else math.nan
+                row, bins = rl_step(m, o, task, run_cfg.replace(loss=spec.loss), step)
+                after[spec.label], train_after[spec.label] = score(m, held), score(m, train)
                 mets[spec.label] = {k: row.get(k, math.nan) for k in ("clip_frac", "rescue_frac", "grad_norm")}
+                mets[spec.label]["dose"] = _dose(row, bins)
                 if nxt is None:  # specs[0] is hard with the preset's loss: the baseline run's own update
                     nxt = (m, o)
             model, opt = nxt
-            results.append(StateResult(i, step, before, after, train_after, train_before, mets))
+            results.append(StateResult(i, step, before, after, train_after, train_before, mets, seed, run_cfg.sft.seed))
             if on_state is not None:
                 on_state(results[-1])
             if progress:
@@ -219,72 +249,42 @@ def run_test(
     return results
 
 
+def _dose(row: dict, bins: dict | None) -> float:
+    """Gradient weight the update gave its clipped tokens, per valid token: clip_frac x (sum of the clipped tokens'
+    weights relative to the unclipped gradient) / (clipped tokens), from the step's ratio bins (0 for hard; NaN at
+    sequence level, which has no bins)."""
+    if bins is None:
+        return math.nan
+    clipped = sum(sum(bins[f"{side}_clipped"]) for side in ("pos", "neg"))
+    weight = sum(sum(bins[f"{side}_weight"]) for side in ("pos", "neg"))
+    return row["clip_frac"] * weight / clipped if clipped else 0.0
+
+
 def _adamw(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
     tr = cfg.train  # as experiments.tiny.train.train builds it
     return torch.optim.AdamW(model.parameters(), lr=tr.lr, betas=tr.adam_betas, weight_decay=tr.weight_decay)
 
 
-# ------------------------------------------------------------------------------------------------ summary
-def summarize(results: list[StateResult], labels: list[str], level: float = 0.95) -> list[dict]:
-    """Per rule label: mean one-step change of exact held-out pass@1, and the paired difference to hard with its
-    Student-t interval over states and over per-run means; the same on the training split; clip / rescue."""
-    from analysis.stats import interval as t_interval
-
-    runs = sorted({r.run for r in results})
-    rows = []
-    for lab in labels:
-        change = np.array([r.after[lab] - r.before for r in results])
-        diff = np.array([r.after[lab] - r.after["hard"] for r in results])
-        tdiff = np.array([r.train_after[lab] - r.train_after["hard"] for r in results])
-        per_run = [diff[[r.run == k for r in results]].mean() for k in runs]
-        mean, lo, hi, n = t_interval(diff, level)
-        _, rlo, rhi, _ = t_interval(per_run, level)
-        tmean, tlo, thi, _ = t_interval(tdiff, level)
-        rows.append(
-            {
-                "rule": lab,
-                "states": n,
-                "change": float(change.mean()),
-                "diff": mean,
-                "diff_lo": lo,
-                "diff_hi": hi,
-                "diff_run_lo": rlo,
-                "diff_run_hi": rhi,
-                "share_positive": float((diff > 0).mean()),
-                "train_diff": tmean,
-                "train_diff_lo": tlo,
-                "train_diff_hi": thi,
-                "clip_frac": float(np.mean([r.metrics[lab]["clip_frac"] for r in results])),
-                "rescue_frac": float(np.mean([r.metrics[lab]["rescue_frac"] for r in results])),
-            }
-        )
-    return rows
-
-
-def table(rows: list[dict], scale: float = 1e4) -> str:
-    """Markdown table, changes in units of 1/scale (1e4: basis points of pass@1)."""
-    u = f"x1e-{round(math.log10(scale))}" if scale != 1 else ""
-    lines = [
-        f"| rule | one-step change of held-out pass@1 ({u}) | rule - hard ({u}) [95% CI over states] | "
-        f"[95% CI over runs] | states with rule > hard | train split: rule - hard ({u}) [95% CI] | "
-        "clip frac | rescue frac |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-
-    def f(x):
-        return "nan" if not math.isfinite(x) else f"{x * scale:+.3f}"
-
-    for r in rows:
-        lines.append(
-            f"| {r['rule']} | {f(r['change'])} | {f(r['diff'])} [{f(r['diff_lo'])}, {f(r['diff_hi'])}] | "
-            f"[{f(r['diff_run_lo'])}, {f(r['diff_run_hi'])}] | {r['share_positive']:.2f} | "
-            f"{f(r['train_diff'])} [{f(r['train_diff_lo'])}, {f(r['train_diff_hi'])}] | "
-            f"{r['clip_frac']:.4f} | {r['rescue_frac']:.4f} |"
-        )
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------------------------------------ CLI
+def parse_seeds(text: str) -> list[int]:
+    """``201-208`` or ``1,4,9`` (or a mix) -> distinct non-negative seeds in that order; ValueError otherwise."""
+    out: list[int] = []
+    try:
+        for part in [p.strip() for p in text.split(",") if p.strip()]:
+            lo, sep, hi = part.partition("-")
+            out += list(range(int(lo), int(hi) + 1)) if sep else [int(part)]
+    except ValueError:
+        raise ValueError(f"--seeds {text!r} is not valid; allowed: A-B or a comma list of integers") from None
+    if not out or len(set(out)) != len(out) or min(out) < 0:
+        raise ValueError(f"--seeds {text!r} is not valid; allowed: distinct non-negative integers, at least one")
+    return out
+
+
+def _task_enumerable(name: str) -> bool:
+    task = get_task(name)
+    return type(task).solutions is not Task.solutions and task.n_problems <= 100_000
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.mechanism", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="key=value overrides of the preset (e.g. train.lr=1e-4)")
@@ -292,62 +292,56 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rules", default="nsr,soft,widen", help="comma-separated rule specs; hard is always run")
     p.add_argument("--states", type=int, default=300, help="states tested in all")
     p.add_argument("--runs", type=int, default=3, help="baseline runs (seeds seed, seed + 1, ...)")
+    p.add_argument("--seeds", help="the baseline runs' seeds, e.g. 201-208 (sets --runs)")
+    p.add_argument("--tie-sft-seed", action="store_true", help="each baseline run gets its own warm start")
     p.add_argument("--start", type=int, default=1, help="first baseline step tested")
     p.add_argument("--every", type=int, default=1, help="baseline steps between tested states")
     p.add_argument("--no-train-split", action="store_true", help="skip the training-split score (faster)")
-    p.add_argument("--json", help="write the per-rule summary and per-state numbers here")
-    p.add_argument("--out", help="append each state's numbers to this JSON-lines file as it is measured")
-    p.add_argument("--summarize", metavar="JSONL", help="only print the table of a --out file (e.g. a stopped test)")
+    p.add_argument("--no-held-out", action="store_true", help="skip the held-out score (faster)")
+    p.add_argument("--score-dtype", choices=("float64", "float32"), default="float64", help="exact pass@1 in this")
+    p.add_argument("--out", required=True, help="JSON-lines file: one line per state, written as it is measured")
     p.add_argument("--quiet", action="store_true")
-    a = p.parse_args(argv)
-    if a.summarize:
-        with open(a.summarize) as f:
-            results = [StateResult(**json.loads(line)) for line in f if line.strip()]
-        labels = list(results[0].after) if results else []
-        runs = len({r.run for r in results})
-        print(f"Paired mechanism test: {len(results)} states of {runs} hard baseline run(s) ({a.summarize})\n")
-        print(table(summarize(results, labels)))
-        return 0
+    a = p.parse_intermixed_args(argv)  # overrides may come after the options
     try:
-        for k, v in (("--states", a.states), ("--runs", a.runs), ("--start", a.start), ("--every", a.every)):
+        seeds = parse_seeds(a.seeds) if a.seeds else None
+        runs = len(seeds) if seeds else a.runs
+        for k, v in (("--states", a.states), ("--runs", runs), ("--start", a.start), ("--every", a.every)):
             if v < 1:
                 raise ValueError(f"{k}={v} is not valid; allowed: an integer >= 1")
+        if a.no_train_split and a.no_held_out:
+            raise ValueError("--no-train-split with --no-held-out scores nothing; allowed: at most one of them")
         cfg = load_config(a.preset, a.overrides)
-        if cfg.backend != "tiny" or cfg.task.name != "countdown3":
+        if cfg.backend != "tiny" or not _task_enumerable(cfg.task.name):
+            enumerable = ", ".join(n for n in TASKS if _task_enumerable(n))
             raise ValueError(
-                f"backend={cfg.backend!r}, task.name={cfg.task.name!r}: allowed: backend tiny, task countdown3"
+                f"backend={cfg.backend!r}, task.name={cfg.task.name!r}: allowed: backend tiny and a task whose answers "
+                f"can be enumerated ({enumerable})"
             )
         specs = parse_rules(a.rules, cfg.loss)
-        state_steps(a.states, a.runs, a.start, a.every, cfg.train.steps)
+        state_steps(a.states, runs, a.start, a.every, cfg.train.steps)
+        out = Path(a.out)
+        if out.exists() and out.stat().st_size:
+            raise ValueError(f"--out {out} exists and is not empty; allowed: a new file (a test is never appended to)")
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.touch()
+
+    def sink(result: StateResult) -> None:
+        append_jsonl(out, [result.__dict__])
+
     t0 = time.perf_counter()
-    sink = None
-    if a.out:
-        open(a.out, "w").close()
-
-        def sink(result: StateResult) -> None:
-            with open(a.out, "a") as f:
-                f.write(json.dumps(result.__dict__) + "\n")
-
-    results = run_test(cfg, specs, a.states, a.runs, a.start, a.every, not a.no_train_split, not a.quiet, sink)
-    rows = summarize(results, [s.label for s in specs])
+    results = run_test(
+        cfg, specs, a.states, runs, a.start, a.every, not a.no_train_split, not a.quiet, sink, seeds,
+        a.tie_sft_seed, not a.no_held_out, getattr(torch, a.score_dtype),
+    )  # fmt: skip
     print(
-        f"Paired mechanism test: {len(results)} states of {a.runs} hard baseline run(s) ({a.preset}"
-        f"{' ' + ' '.join(a.overrides) if a.overrides else ''}; seeds {cfg.seed}..{cfg.seed + a.runs - 1}, "
-        f"steps {a.start}, {a.start + a.every}, ...), one update per rule, exact held-out pass@1 "
-        f"({len(get_task(cfg.task.name).eval_ids)} problems); {time.perf_counter() - t0:.0f} s\n"
+        f"{len(results)} states of {runs} hard baseline run(s) ({a.preset}"
+        f"{' ' + ' '.join(a.overrides) if a.overrides else ''}; seeds {[r.seed for r in results][:1]}..., steps "
+        f"{a.start}, {a.start + a.every}, ...) in {time.perf_counter() - t0:.0f} s -> {out}\n"
+        f"summary: python -m analysis.mechanism {out}"
     )
-    print(table(rows))
-    if a.json:
-        blob = {
-            "args": vars(a),
-            "summary": rows,
-            "states": [r.__dict__ for r in results],
-        }
-        with open(a.json, "w") as f:
-            json.dump(blob, f, indent=1)
     return 0
 
 

@@ -8,7 +8,7 @@ One grid point of a sweep, exactly as the grid runs it (see sweeps/):
 Cluster (inside a SLURM allocation; normally sent by ``python -m slurm.submit``):
     python -m experiments.run sweeps/presets/qwen2.5-math-7b-dapo.yaml loss.rule=nsr
 
-The folder (``--out``, default ``results/runs/<sweep>/<run_id>``) gets config.yaml, metrics.jsonl, eval.jsonl and
+The folder (``--out``, default ``results/runs/<sweep>/<run_id>``) gets config.yaml, metrics.jsonl, eval.jsonl.gz and
 an atomically written status.json. A folder whose run is done is never overwritten without ``--force``; any other
 folder of the same config resumes from its last checkpoint. A folder of another config, a folder that is not a run
 folder, or one whose files cannot be read is refused, ``--force`` or not. Without ``--out``, a config that is
@@ -17,6 +17,11 @@ run again: the message says where it is. Bad config: a clear error, and no folde
 
 Exit status: 0 done, 2 bad input (nothing created), 3 the folder refuses the run (done, another config, locked,
 not writable), 143 cancelled (SIGTERM).
+
+Many seeds in one process (tiny backend; docs/testbed.md, "Batched testbed"):
+    python -m experiments.run sweeps/presets/tiny.yaml loss.rule=nsr --seeds 0-7 --out /tmp/nsr-seeds
+trains the 8 seeds as one batched model, one run folder per seed, ``<config stem>-s<seed>-<run hash>`` under
+``--out``; exit 1 if a run failed (alone: the others finish).
 """
 
 from __future__ import annotations
@@ -67,6 +72,47 @@ def _trl(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
     run_trl(cfg, rd, progress=progress)
 
 
+PREFLIGHT: Registry = Registry("backend")
+"""Per backend, the checks a run makes when it starts, before any work (the RunConfig's own checks ran at its
+construction). ``slurm.submit`` runs them on every run before any job exists, so no job fails at its start."""
+
+
+@PREFLIGHT.register("tiny")
+def _tiny_preflight(cfg: RunConfig) -> None:
+    """Nothing more: every tiny-backend check runs when the RunConfig is built (experiments.tiny.checks)."""
+
+
+@PREFLIGHT.register("openrlhf")
+def _openrlhf_preflight(cfg: RunConfig) -> None:
+    """The argv builder's refusals, then (where OpenRLHF is installed) every check the launcher makes before Ray
+    starts: OpenRLHF's version, its own parser and argument checks, the NSR layer's refusals."""
+    from experiments.openrlhf.argv import build_command
+
+    cmd = build_command(cfg, Path("results/runs/preflight"), "preflight")
+    try:
+        from nsr.openrlhf.launch import LaunchError, prepare
+    except ImportError:  # openrlhf is not installed here: its own checks run at the job's start
+        return
+    try:
+        prepare(cmd.argv[3:])  # after `python -m nsr.openrlhf.launch`
+    except LaunchError as e:
+        raise ConfigError(str(e).removeprefix("nsr.openrlhf.launch: error: ")) from None
+
+
+@PREFLIGHT.register("trl")
+def _trl_preflight(cfg: RunConfig) -> None:
+    """The GRPOConfig the run builds and NSRGRPOTrainer's refusals of it (no model is loaded)."""
+    from experiments.trl.train import check_runnable
+
+    check_runnable(cfg)
+
+
+def preflight(cfg: RunConfig) -> None:
+    """Every check ``cfg``'s run makes at its start, before any work; ConfigError naming the key and the allowed
+    values if one fails."""
+    PREFLIGHT[cfg.backend](cfg)
+
+
 class Cancelled(BaseException):
     """Raised in the main thread on SIGTERM (scancel), so the run unwinds and records ``cancelled``."""
 
@@ -89,12 +135,14 @@ def run(
     ``meta`` (e.g. ``{"sweep": "delta", "arm": "nsr", "point": {"loss.delta": 0.2}, "seed": 0}``) is stored in
     config.yaml's ``meta`` section, where the analysis finds each run's arm.
 
-    Returns the final status dict. The folder is locked first and checked under the lock (no other process can
+    Returns the final status dict. ConfigError if a check the run makes at its start fails (:func:`preflight`),
+    before anything is created. The folder is locked first and checked under the lock (no other process can
     change it in between). Raises RunExistsError if ``out`` holds a finished run and ``force`` is False, or a run of
     another config (``force`` does not apply: it never wipes another config's run); RunLockedError if another
     process is running it; RunFolderError if ``out`` is a file, cannot be written, is not a run folder, or holds run
     files that cannot be read.
     """
+    preflight(cfg)  # ConfigError before anything exists
     rd = RunDir(out)
     if rd.path.exists() and not rd.path.is_dir():
         raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
@@ -170,6 +218,122 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
         signal.signal(signal.SIGTERM, previous)
 
 
+def run_batch(
+    cfgs: list[RunConfig],
+    folders: list,
+    *,
+    run_ids: list[str] | None = None,
+    metas: list[dict] | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> list[dict]:
+    """Run compatible tiny configs as one batched process (experiments/tiny/batched.py), ``cfgs[i]`` into
+    ``folders[i]``, each folder with the contract of :func:`run`: every folder is locked and checked first (a folder
+    that :func:`run` refuses refuses the whole batch, and nothing is written); a run that is done is skipped (rerun
+    from scratch with ``force``); the others get config.yaml and status running, resume from their checkpoints, and
+    end done, or failed alone (the others go on). SIGTERM or an error that is no single run's ends the batch: its
+    unfinished runs are cancelled or failed. Returns the final status of every run, in order. Raises ConfigError
+    for configs that cannot share a batch (``experiments.tiny.batched.check_batch``), RunExistsError if every run
+    is done, RunLockedError / RunFolderError as :func:`run`."""
+    from experiments.tiny.batched import check_batch, train_batch
+
+    check_batch(cfgs)
+    rds = [RunDir(f) for f in folders]
+    for rd in rds:
+        if rd.path.exists() and not rd.path.is_dir():
+            raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
+    before = [(rd.path.exists(), rd.lock_path.exists()) for rd in rds]
+    with contextlib.ExitStack() as stack:
+        todo = []
+        try:
+            for i, rd in enumerate(rds):
+                stack.enter_context(rd.lock())
+                try:
+                    check_folder(rd, cfgs[i], force)
+                    todo.append(i)
+                except RunExistsError:  # a done run is skipped; another config's folder refuses the batch
+                    if rd.state() != "done" or rd.config_hash() != cfgs[i].run_hash():
+                        raise
+        except RunFolderError:
+            stack.close()  # refused before anything was written: leave every place as it was
+            for rd, (existed, had_lock) in zip(rds, before):
+                with contextlib.suppress(OSError):
+                    if not had_lock:
+                        rd.lock_path.unlink(missing_ok=True)
+                    if not existed:
+                        rd.path.rmdir()
+            raise
+        if not todo:
+            raise RunExistsError(f"every run of this batch is done ({len(rds)}); pass --force to run them again")
+        for i in todo:
+            if force:
+                rds[i].clear()
+            rds[i].write_config(cfgs[i], run_id=run_ids[i] if run_ids else None, **(metas[i] if metas else {}))
+            rds[i].set_status("running", run_hash=cfgs[i].run_hash())
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            train_batch([cfgs[i] for i in todo], [rds[i] for i in todo], progress=progress)
+        except BaseException as e:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            error = f"{type(e).__name__}: {e}"
+            for i in todo:
+                if rds[i].state() != "running":  # failed alone before the batch stopped
+                    continue
+                if isinstance(e, (Cancelled, KeyboardInterrupt, SystemExit)):
+                    rds[i].set_status("cancelled", error=error)
+                else:
+                    rds[i].set_status("failed", error=error, traceback=traceback.format_exc()[-4000:])
+            raise
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for i in todo:
+                if rds[i].state() == "running":
+                    rds[i].set_status("done")
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return [rd.status() for rd in rds]
+
+
+def _main_seeds(args) -> int:
+    """``CONFIG [overrides] --seeds 0-7 [--out DIR]``: the seeds in one batch (:func:`run_batch`), run ``i`` in
+    ``DIR/<config stem>-s<seed>-<run hash>`` (default DIR: results/runs/adhoc). Exit 0 all done, 1 a run failed,
+    2 bad input, 3 the folders refuse the batch, 143 cancelled."""
+    from experiments.tiny.batched import check_batch, parse_seeds, seed_run_id
+
+    try:
+        if args.sweep or args.dry_run or not args.config:
+            raise ConfigError("--seeds takes a config file and overrides (not --sweep, not --dry-run)")
+        if any(o.split("=", 1)[0].strip() == "seed" for o in args.overrides):
+            raise ConfigError("seed=... and --seeds both given; allowed: one of them")
+        base = load_config(args.config, args.overrides)
+        cfgs = [base.replace(seed=s) for s in parse_seeds(args.seeds)]
+        check_batch(cfgs)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stem = Path(args.config).stem
+    run_ids = [seed_run_id(stem, c) for c in cfgs]
+    outs = [Path(args.out) / r if args.out else default_out("adhoc", r) for r in run_ids]
+    metas = [{"sweep": "adhoc", "arm": stem, "seed": c.seed} for c in cfgs]
+    try:
+        if not args.out and not args.force:
+            for cfg, out in zip(cfgs, outs):
+                other = elsewhere(cfg, out) if RunDir(out).state() != "done" else None
+                if other is not None:
+                    print(f"error: seed {cfg.seed} (hash {cfg.run_hash()}) is {other[0]} in {other[1]}, a config runs "
+                          f"once (pass --force to run it again into {out})", file=sys.stderr)  # fmt: skip
+                    return 3
+        statuses = run_batch(cfgs, outs, run_ids=run_ids, metas=metas, force=args.force, progress=not args.no_progress)
+    except RunFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except Cancelled:
+        return 143
+    for st, out in zip(statuses, outs):
+        print(f"{st['state']}: {out}" + (f" ({st.get('error')})" if st["state"] == "failed" else ""))
+    return 0 if all(st["state"] == "done" for st in statuses) else 1
+
+
 def elsewhere(cfg: RunConfig, out: Path, root: Path | None = None) -> tuple[str, Path] | None:
     """("done" | "running", folder) if another folder under ``root`` (default RUNS_ROOT) holds this config done, or
     running (locked); None otherwise. A config runs once, whichever sweeps contain it."""
@@ -199,6 +363,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help="with --sweep: replace the sweep's preset (e.g. tiny)")
     p.add_argument("--out", help="run folder (default results/runs/<sweep>/<run_id>)")
     p.add_argument("--force", action="store_true", help="rerun a finished run of this config from scratch")
+    p.add_argument(
+        "--seeds",
+        help="tiny backend: train these seeds of CONFIG in one batched process (e.g. 0-7, 0,3,5), one run folder "
+        "per seed, <config stem>-s<seed>-<run hash>, under --out (default results/runs/adhoc)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--dry-run",
@@ -221,7 +390,7 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
             raise ConfigError("give either a config file with overrides, or --sweep with --run, not both")
         if not args.run_id and not getattr(args, "dry_run", False):
             raise ConfigError("--sweep needs --run RUN_ID (list them with: python -m slurm.submit SWEEP --dry-run)")
-        from sweeps import check_ready, resolve_run
+        from experiments.sweep import check_ready, resolve_run
 
         spec = resolve_run(args.sweep, args.run_id, preset=args.preset)
         if not getattr(args, "dry_run", False):
@@ -240,7 +409,7 @@ def dry_run(args) -> list[dict]:
     from experiments.openrlhf.argv import build_command
 
     if args.sweep and not args.run_id:
-        from sweeps import expand
+        from experiments.sweep import expand
 
         specs = [(s.config, s.run_id, s.sweep) for s in expand(args.sweep, preset=args.preset)]
     else:
@@ -275,6 +444,8 @@ def dry_run(args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)  # `CONFIG --out X key=value` works: overrides after options
+    if args.seeds is not None:
+        return _main_seeds(args)
     if args.dry_run:
         try:
             lines = dry_run(args)

@@ -34,12 +34,13 @@ import zlib
 from collections.abc import Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import filelock
 import yaml
 
-from experiments.config import ConfigError, RunConfig, load_yaml
+from experiments.config import IDENTITY_SCHEME, ConfigError, RunConfig, from_dict, scheme1_hash, split_meta
+from experiments.yamlio import load_yaml
 
 STATES = ("running", "done", "failed", "cancelled")
 BAD = "bad"
@@ -217,6 +218,39 @@ def read_rows(path: Path) -> tuple[list[dict], list[tuple[str, str]]]:
     return rows, problems
 
 
+class StoredIdentity(NamedTuple):
+    run_hash: str
+    """The identity: recomputed from the stored config by today's code, else the recorded one."""
+    recomputed: str | None
+    """Today's :meth:`RunConfig.run_hash` of the stored config (None: today's RunConfig cannot read it)."""
+    legacy: bool
+    """The recorded hash is not what the code that wrote the folder would record for this config today: the run was
+    made by older code (a field added or changed since), under identity scheme 1 or 2."""
+
+
+def stored_identity(data: dict, source: str | Path = "config.yaml") -> StoredIdentity:
+    """Identity of a run folder's config.yaml mapping (``meta`` included). RunFolderError if it has neither a config
+    today's RunConfig reads nor a recorded ``meta.run_hash``.
+
+    Lookups use the recomputed identity, so a folder keeps counting when the identity rule changes (its name keeps
+    the suffix it was made with). ``legacy`` compares the recorded hash with what its own scheme
+    (``meta.identity``, 1 when absent) gives for the stored config today.
+    """
+    meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+    recorded = meta.get("run_hash") if isinstance(meta.get("run_hash"), str) and meta.get("run_hash") else None
+    body, _ = split_meta(data)
+    try:
+        cfg = from_dict(body)
+    except (ConfigError, TypeError, ValueError):
+        if recorded is None:
+            raise RunFolderError(f"{source}: no meta.run_hash and not a valid config") from None
+        return StoredIdentity(recorded, None, False)
+    recomputed = cfg.run_hash()
+    scheme = meta.get("identity", 1)
+    expected = recomputed if scheme == IDENTITY_SCHEME else scheme1_hash(cfg) if scheme == 1 else None
+    return StoredIdentity(recomputed, recomputed, recorded is not None and recorded != expected)
+
+
 class RunDir:
     """One run folder. All methods are safe to call again after a crash."""
 
@@ -288,11 +322,22 @@ class RunDir:
         data["meta"] = {
             "run_id": run_id or self.path.name,
             "run_hash": cfg.run_hash(),
+            "identity": IDENTITY_SCHEME,
             **git_info(),
             "versions": package_versions(),
             **meta,
         }
         self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.config_path, yaml.safe_dump(data, sort_keys=False))
+
+    def update_meta(self, **entries) -> None:
+        """Set ``meta`` entries of config.yaml (what a backend learns once it runs, e.g. the warm start's hash);
+        written atomically. RunFolderError if there is no config.yaml."""
+        data = self.read_config()
+        if data is None:
+            raise RunFolderError(f"{self.config_path}: no config.yaml to record {', '.join(entries)} in")
+        meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+        data["meta"] = {**meta, **entries}
         atomic_write_text(self.config_path, yaml.safe_dump(data, sort_keys=False))
 
     def read_config(self) -> dict | None:
@@ -308,15 +353,16 @@ class RunDir:
         return data
 
     def config_hash(self) -> str | None:
-        """The run hash recorded in config.yaml's ``meta`` (None without config.yaml); RunFolderError if the file
-        cannot be read or records no hash."""
+        """The run's identity (:meth:`RunConfig.run_hash`), recomputed from config.yaml by today's code (the recorded
+        ``meta.run_hash`` where today's RunConfig cannot read the config); None without config.yaml. RunFolderError if
+        the file cannot be read or records no hash (not written by experiments.run)."""
         data = self.read_config()
         if data is None:
             return None
-        run_hash = (data.get("meta") or {}).get("run_hash") if isinstance(data.get("meta"), dict) else None
-        if not isinstance(run_hash, str) or not run_hash:
+        meta = data.get("meta")
+        if not isinstance(meta, dict) or not isinstance(meta.get("run_hash"), str) or not meta["run_hash"]:
             raise RunFolderError(f"{self.config_path}: no meta.run_hash (not written by experiments.run)")
-        return run_hash
+        return stored_identity(data, self.config_path).run_hash
 
     # ------------------------------------------------------------ logs
     def append(self, name: str, rows: Iterable[dict]) -> None:
@@ -435,8 +481,9 @@ class RunDir:
 
 
 def runs_by_hash(root: str | Path = RUNS_ROOT, bad: list | None = None) -> dict[str, list[Path]]:
-    """Run identity: {config hash: [run folders holding that config]} for every folder under ``root`` (at any
-    depth: a sweep folder, a copy under ``backup/``) that has a config.yaml written by experiments.run.
+    """Run identity: {run hash: [run folders holding that config]} for every folder under ``root`` (at any depth: a
+    sweep folder, a copy under ``backup/``) that has a config.yaml written by experiments.run; the hash is recomputed
+    from each config.yaml (:meth:`RunDir.config_hash`).
 
     Folders are sorted by path. A config is one run however many folders hold it: the submitter skips a config done
     in any folder, and the analysis counts it once. Folders whose config.yaml cannot be read are left out and, if

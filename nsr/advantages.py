@@ -7,12 +7,11 @@ from collections.abc import Callable
 import torch
 
 from nsr.config import AdvantageConfig
-from nsr.registry import Registry
+from nsr.registry import ADVANTAGES
 
 STD_EPS = 1e-9  # docs/method.md: A = (R - mean_g) / (std_g + 1e-9), as OpenRLHF 0.11.2's group_norm
 
 Kind = Callable[[torch.Tensor, torch.Tensor, int, torch.Generator | None], torch.Tensor]
-ADVANTAGES: Registry[Kind] = Registry("AdvantageConfig.kind")
 
 
 def _group_stats(rewards: torch.Tensor, inverse: torch.Tensor, n_groups: int):

@@ -8,9 +8,11 @@ refused) and inside the range its docstring gives.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Literal
+
+from nsr.registry import ADVANTAGES, RULES
+from nsr.validate import check_choice, check_number
 
 # Level-dependent defaults (docs/method.md, "Setting" and the GSPO [choice] on delta):
 # token level = DAPO (eps 0.2 / 0.28, delta 0.2); sequence level = GSPO (eps 3e-4 / 4e-4, delta 4e-4).
@@ -25,15 +27,11 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean")
 
 
 def _number(cls: str, field: str, value, allowed: str, ok) -> None:
-    """Raise a ValueError naming ``cls.field`` and ``allowed`` unless ``value`` is a finite real number passing ``ok``
-    (NaN and +-inf are refused whatever ``ok`` says)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-        raise ValueError(f"{cls}.{field}={value!r} is not valid; allowed: a finite number with {allowed}")
+    check_number(f"{cls}.{field}", value, allowed, ok)
 
 
 def _choice(cls: str, field: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{cls}.{field}={value!r} is not valid; allowed: {', '.join(map(str, allowed))}")
+    check_choice(f"{cls}.{field}", value, allowed)
 
 
 @dataclass(frozen=True)
@@ -93,8 +91,6 @@ class LossConfig:
     """DPPO-TV: truncation C of its IS weight min(r, C) (>= 1); verl's fallback 20 (its example script: 1e4)."""
 
     def __post_init__(self):
-        from nsr.objectives import RULES  # the registry lives with the rules; imported late to avoid a cycle
-
         name = type(self).__name__
         if not isinstance(self.rule, str) or not self.rule:
             raise ValueError(f"{name}.rule={self.rule!r} is not valid; allowed: {', '.join(RULES)}")
@@ -169,8 +165,6 @@ class AdvantageConfig:
     whose rewards were all equal (the other reading of additive noise)."""
 
     def __post_init__(self):
-        from nsr.advantages import ADVANTAGES  # registry of kinds, imported late to avoid a cycle
-
         name = type(self).__name__
         _choice(name, "kind", self.kind, tuple(ADVANTAGES))
         _number(name, "noise", self.noise, "noise >= 0", lambda v: v >= 0)

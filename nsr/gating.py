@@ -11,7 +11,7 @@ updates' norms (k = 3, window = 20 by default); the first update of each rollout
 all 1, so it is the on-policy reference). Every measured norm, gated or not, enters the window; a non-finite norm
 is always gated (unless first) and stays out of the window.
 
-Where the norm is measured and how an update is skipped is the backend's: experiments/tiny/dgg.py (the tiny loop)
+Where the norm is measured and how an update is skipped is the backend's: experiments/tiny/train.py (the tiny loop)
 and nsr/openrlhf/gate.py (a DeepSpeed engine under ZeRO). Pure Python: no torch, no host sync of its own.
 """
 

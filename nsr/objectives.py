@@ -36,7 +36,7 @@ import torch
 
 from nsr import theory
 from nsr.config import AGG_MODES, LEVELS, LossConfig
-from nsr.registry import Registry
+from nsr.registry import RULES
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -130,7 +130,6 @@ class RuleOutput(NamedTuple):
 
 
 Rule = Callable[[RuleInput], RuleOutput]
-RULES: Registry[Rule] = Registry("LossConfig.rule")
 
 
 def register_rule(name: str, weight: Callable | None = None, levels: tuple[str, ...] = LEVELS):

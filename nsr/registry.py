@@ -1,4 +1,5 @@
-"""A name -> function registry (verl's ``register_policy_loss`` habit): variants are data, not if/elif chains."""
+"""A name -> function registry (verl's ``register_policy_loss`` habit): variants are data, not if/elif chains; and
+the method's two registries, :data:`RULES` and :data:`ADVANTAGES`."""
 
 from __future__ import annotations
 
@@ -53,3 +54,10 @@ class Registry(Mapping[str, F], Generic[F]):
 
     def __repr__(self) -> str:
         return f"Registry({self.field}: {', '.join(self._items)})"
+
+
+RULES: Registry = Registry("LossConfig.rule")
+"""Every clip rule, with its analytic expected weight and levels (registered in nsr.objectives and nsr.related with
+``register_rule``). It lives here, apart from the rules, so the configs check a name without importing them."""
+ADVANTAGES: Registry = Registry("AdvantageConfig.kind")
+"""Every advantage kind (registered in nsr.advantages)."""

@@ -24,9 +24,12 @@ dppo_tv  -A sg(min(r, C)) log r on kept tokens, 0 on dropped;   dppo_delta 0.15,
 ======== ====================================================== ============================================
 
 cov = (A - mean A)(log pi - mean log pi), means over the minibatch's valid tokens (Clip-Cov / KL-Cov); the token
-counts are floor(frac x n_valid), at least 1, kept as tensors: the selection is a sort and a rank comparison, never
-``nonzero`` / ``.item()`` / ``randperm``, so the loss path has no host-device sync. Clip-Cov's random choice draws
-one uniform priority per token from the run's generator and takes the k smallest among the eligible tokens.
+counts are floor(frac x n_valid), at least 1, kept as tensors: the selection is a partial one (``torch.topk`` of
+the static count floor(frac x B x T) >= k, then the tokens beyond the k-th key and, of those tied with it, the first
+in position order: the tokens a stable sort would take), never ``nonzero`` / ``.item()`` / ``randperm``, so the loss
+path has no host-device sync and costs what verl's implementations cost (``python -m experiments.bench_loss
+--verl``). Clip-Cov's random choice draws one uniform priority per token from the run's generator and takes the k
+smallest among the eligible tokens.
 
 Tiny-scale fractions ([choice], docs/method.md): a tiny minibatch has ~384 valid tokens (32 x 8 responses of 6
 tokens / 4 minibatches), so the published 2e-4 floors to the minimum of 1 token per minibatch. The tiny testbed's
@@ -42,6 +45,8 @@ dropped tokens; KL-Cov: none); Clip-Cov's detached tokens are unclipped tokens i
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -139,9 +144,9 @@ def centred_covariance(x: RuleInput) -> torch.Tensor:
     """(A - mean A)(log pi - mean log pi) per token, means over the valid tokens; constant (no gradient)."""
     valid = x.valid
     n = valid.sum().clamp(min=1)
-    logp = x.log_probs.detach()
-    mean_a = torch.where(valid, x.adv, 0.0).sum() / n
-    mean_logp = torch.where(valid, logp, 0.0).sum() / n
+    logp = torch.where(valid, x.raw_log_probs.detach(), 0.0)  # x.log_probs, outside the graph
+    mean_a = x.adv.sum() / n  # both are 0 on padding: sums over the valid tokens
+    mean_logp = logp.sum() / n
     return (x.adv - mean_a) * (logp - mean_logp)
 
 
@@ -150,14 +155,36 @@ def token_budget(frac: float, valid: torch.Tensor) -> torch.Tensor:
     return torch.floor(frac * valid.sum().to(torch.float64)).clamp(min=1).to(torch.long)
 
 
-def first_k(key: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor, descending: bool) -> torch.Tensor:
-    """Bool mask of the min(k, #eligible) eligible tokens with the smallest (or largest) ``key``: one stable sort,
-    the rank of every token, and a comparison with the tensor k; ineligible tokens sort last."""
+def static_budget(frac: float, valid: torch.Tensor) -> int:
+    """The largest :func:`token_budget` the shape allows, floor(frac x B x T) (at least 1, at most B x T): known
+    without reading a tensor, so a partial selection of that many tokens needs no host sync."""
+    n = valid.numel()
+    return min(max(math.floor(frac * n), 1), max(n, 1))
+
+
+def first_k(
+    key: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor, descending: bool, k_max: int | None = None
+) -> torch.Tensor:
+    """Bool mask of the min(k, #eligible) eligible tokens with the smallest (or largest) ``key``; among equal keys
+    the first in (row, token) order, as a stable sort would take them.
+
+    A partial selection, not a sort: ``torch.topk`` of ``k_max`` >= k (a static count, :func:`static_budget`;
+    default all tokens) gives the k-th key; the tokens strictly beyond it are in, and of the tokens equal to it the
+    first k - (#beyond) by position (a cumulative sum). k stays a tensor, so nothing is read back to the host.
+    """
     far = -torch.inf if descending else torch.inf
     flat = torch.where(eligible, key, far).reshape(-1)
-    order = torch.argsort(flat, descending=descending, stable=True)
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device))
-    return eligible & (rank.view_as(key) < k)
+    n = flat.numel()
+    k_max = n if k_max is None else min(k_max, n)
+    if n == 0:
+        return eligible.clone()
+    kth_values = torch.topk(flat, k_max, largest=descending, sorted=True).values
+    kth = kth_values.gather(0, (k.clamp(1, k_max) - 1).reshape(1))  # the k-th key (far if fewer are eligible)
+    beyond = (flat > kth) if descending else (flat < kth)  # never an ineligible token: its key is far
+    n_beyond = ((kth_values > kth) if descending else (kth_values < kth)).sum()  # all of them are in the top k_max
+    tied = (flat == kth) & eligible.reshape(-1)
+    chosen = beyond | (tied & (torch.cumsum(tied, 0) <= k - n_beyond))
+    return chosen.view_as(key)
 
 
 @register("clip_cov")
@@ -179,7 +206,8 @@ def clip_cov(x: RuleInput) -> RuleOutput:
     cov = centred_covariance(x)
     eligible = x.valid & ~(low | high) & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
     priority = torch.rand(A.shape, generator=x.generator, device=A.device, dtype=A.dtype)
-    detached = first_k(priority, eligible, token_budget(cfg.clip_cov_frac, x.valid), descending=False)
+    k, k_max = token_budget(cfg.clip_cov_frac, x.valid), static_budget(cfg.clip_cov_frac, x.valid)
+    detached = first_k(priority, eligible, k, descending=False, k_max=k_max)
     loss = torch.where(detached, 0.0, ppo_loss(r, A, cfg))
     return RuleOutput(loss, low, high, pushed=detached)
 
@@ -191,11 +219,12 @@ def kl_cov(x: RuleInput) -> RuleOutput:
 
     Checked against verl ``compute_policy_loss_kl_cov`` (commit b178a3c) and the authors' ``compute_policy_loss_
     kl_cov`` (k_percent is a percentage there: 0.2 -> 2e-3 in recipe/dapo/7b_kl_cov.sh, 0.02 -> 2e-4 in 32b): the
-    same top-k (``torch.topk`` there, a stable sort here) and penalty; ppo_kl_coef 1. LossConfig kl_cov_frac = 2e-3
-    (the 7B recipe, the scale of the cluster presets), kl_cov_coef = 1.
+    same top-k (``torch.topk`` there; here a partial selection, ties taken in position order) and penalty;
+    ppo_kl_coef 1. LossConfig kl_cov_frac = 2e-3 (the 7B recipe, the scale of the cluster presets), kl_cov_coef = 1.
     """
     r, A, cfg = x.ratio, x.adv, x.cfg
-    top = first_k(centred_covariance(x), x.valid, token_budget(cfg.kl_cov_frac, x.valid), descending=True)
+    k, k_max = token_budget(cfg.kl_cov_frac, x.valid), static_budget(cfg.kl_cov_frac, x.valid)
+    top = first_k(centred_covariance(x), x.valid, k, descending=True, k_max=k_max)
     loss = -A * r + torch.where(top, cfg.kl_cov_coef * x.log_ratio.abs(), 0.0)
     return RuleOutput(loss)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from nsr.config import LossConfig
+from nsr.registry import RULES
 
 
 def clip_sides(ratio: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,8 +131,6 @@ def expected_weight(ratio, advantage_sign, cfg: LossConfig) -> torch.Tensor:
         Tensor of the broadcast shape, in [0, 1] for every rule but cispo, whose weight is min(r, cap) / r
         (sapo: the gate's slope 4 g (1 - g), also <= 1).
     """
-    from nsr.objectives import RULES  # the weights are registered with the rules; imported late to avoid a cycle
-
     weight = RULES.info(cfg.rule).get("weight")
     if weight is None:
         have = [name for name in RULES if RULES.info(name).get("weight") is not None]

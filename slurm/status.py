@@ -31,8 +31,8 @@ from pathlib import Path
 
 from experiments.config import ConfigError
 from experiments.rundir import BAD, RUNS_ROOT, RunDir, RunFolderError, folders_of, runs_by_hash
+from experiments.sweep import expand
 from slurm import queue
-from sweeps import expand
 
 
 def _steps(rd: RunDir) -> int:

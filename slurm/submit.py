@@ -7,8 +7,8 @@
     python -m slurm.submit delta --preset tiny-smoke --cluster local   # no SLURM: local processes, waits
     python -m slurm.status delta                                       # where each run is
 
-Every run of the sweep is expanded and validated (sweeps.expand) and the site file is checked before anything is
-submitted. Run folders (results/runs/<sweep>/<run_id>, or --out-root) decide what is sent:
+Every run of the sweep is expanded and validated (experiments.sweep.expand) and the site file is checked before anything
+is submitted. Run folders (results/runs/<sweep>/<run_id>, or --out-root) decide what is sent:
 done -> skipped; failed -> skipped unless --retry-failed; a run whose recorded job is still queued or running ->
 skipped; a folder whose status.json or config.yaml cannot be read -> skipped and reported (the rest of the sweep
 goes on); anything else (new, cancelled, a ``running`` folder whose job is gone) -> submitted, and it resumes from
@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.config import ConfigError, load_yaml
+from experiments.config import ConfigError
+from experiments.run import preflight
 from experiments.rundir import (
     BAD,
     RECORD,
@@ -46,9 +47,10 @@ from experiments.rundir import (
     folders_of,
     runs_by_hash,
 )
+from experiments.sweep import RunSpec, SweepError, check_ready, expand, load_sweep, sweep_path
+from experiments.yamlio import load_yaml
 from slurm import queue
 from slurm.jobs import RunJob
-from sweeps import RunSpec, SweepError, check_ready, expand, load_sweep, sweep_path
 
 LOG_ROOT = REPO_ROOT / "logs" / "submitit"
 SITE_FILE = Path(__file__).resolve().parent / "cluster.yaml"
@@ -241,6 +243,22 @@ def _record(d: Decision, job, cluster: str, log_dir: Path) -> None:
     atomic_write_text(d.out / RECORD, json.dumps(rec, indent=1) + "\n")
 
 
+def check_runs(specs: list[RunSpec], source: str | Path = "") -> None:
+    """Every check each run makes at its start (experiments.run.preflight: for the cluster, the argv builder and the
+    launcher's own checks), on every run, before any job exists. ConfigError naming each run that would fail."""
+    bad = []
+    for s in specs:
+        try:
+            preflight(s.config)
+        except ConfigError as e:
+            bad.append(f"{s.run_id}: {e}")
+    if bad:
+        shown = "\n  ".join(bad[:5]) + (f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ConfigError(
+            f"{source}: {len(bad)} of {len(specs)} runs would fail at their start; nothing was submitted:\n  {shown}"
+        )
+
+
 def submit(
     sweep: str | Path,
     *,
@@ -277,6 +295,7 @@ def submit(
                 f"list them with: python -m slurm.submit {sweep} --dry-run{' --preset ' + preset if preset else ''}"
             )
         specs = [s for s in specs if s.run_id in set(only)]
+    check_runs(specs, sw.path)
     site_cfg = load_site(site)
     groups: dict[str, list[RunSpec]] = {}
     for s in specs:

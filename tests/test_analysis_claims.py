@@ -9,7 +9,7 @@ import pytest
 from analysis import claims, tables
 from analysis.claims import CONTRADICTS, INCONCLUSIVE, NO_DATA, NOT_REPRODUCED, SUPPORTS, Comparison, Side
 from analysis.summary import STEP_METRICS
-from sweeps import load_sweep
+from experiments.sweep import load_sweep
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_holm_corrects_the_comparisons_of_one_claim():
 
 def test_three_same_sign_seeds_are_not_enough_for_a_noisy_difference():
     # a percentile bootstrap would call this significant (all three differences > 0); the t-interval does not
-    res = evaluate_one({"hard": [0.3, 0.3, 0.3], "nsr": [0.31, 0.8, 0.32]})
+    res = evaluate_one({"hard": [0.3, 0.31, 0.29], "nsr": [0.31, 0.8, 0.32]})
     assert res["rows"][0]["lo"] < 0 and res["verdict"] == INCONCLUSIVE
 
 
@@ -211,3 +211,22 @@ def test_power_uses_the_upper_confidence_limit_of_the_sd():
     got = claims._power_at_sesoi(t, 0.006, 3, 1)
     assert at_observed > 0.8 > got
     assert got == pytest.approx(power(0.02, 0.006 * math.sqrt(2 / 0.4462871026284195), 3))
+
+
+def test_a_baseline_without_variation_is_untestable_not_a_null():
+    """No hard run spikes (entropy_spike 0 everywhere): 'NSR avoids the baseline's spikes' cannot be tested here; a
+    zero difference must not read as a powered null (issue: power was taken as 1)."""
+    import pandas as pd
+
+    from analysis.claims import UNTESTABLE, Comparison, Side, combine, comparisons, verdict
+
+    s = pd.DataFrame({"label": ["hard"] * 4 + ["nsr"] * 4, "arm": ["hard"] * 4 + ["nsr"] * 4, "seed": [0, 1, 2, 3] * 2,
+                      "point": [{}] * 8, "legacy": [False] * 8, "entropy_spike": [0.0] * 8})  # fmt: skip
+    t = Comparison(Side("nsr", {}), Side("hard", {}), "entropy_spike", "less", 0.0, 0.41)
+    (row,) = comparisons(s, t)
+    assert row["untestable"] and "no variation in hard" in row["note"]
+    assert verdict(t, row["mean"], 1.0, 1.0, row["n"], 3, row["untestable"]) == UNTESTABLE
+    s.loc[s["label"] == "hard", "entropy_spike"] = [0.0, 0.5, 0.0, 0.2]  # the baseline spikes now: testable
+    (row,) = comparisons(s, t)
+    assert not row["untestable"]
+    assert combine([UNTESTABLE, "inconclusive"]) == UNTESTABLE and combine([UNTESTABLE, "contradicts"]) == "contradicts"

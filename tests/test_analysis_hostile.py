@@ -15,7 +15,7 @@ from analysis import make_all
 from analysis.figures import delta_x
 from analysis.load import RunWarning, load_runs
 from analysis.summary import summarize
-from experiments.config import from_dict
+from experiments.config import IDENTITY_SCHEME, from_dict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "runs"
 
@@ -107,7 +107,8 @@ def test_a_legacy_folder_counts_only_when_no_current_run_of_its_config_exists(tm
     body = yaml.safe_load((src / "config.yaml").read_text())
     body.pop("meta")
     today = f"  run_hash: {from_dict(body).run_hash()}"  # the fixture as if written by today's code
-    (src / "config.yaml").write_text((src / "config.yaml").read_text().replace(recorded, today))
+    scheme = f"\n  identity: {IDENTITY_SCHEME}"
+    (src / "config.yaml").write_text((src / "config.yaml").read_text().replace(recorded, today + scheme))
     old = root / "old-code" / "nsr-s0-0ld0ld00"
     shutil.copytree(src, old)
     cfg = (old / "config.yaml").read_text().replace(today, "  run_hash: 0ld0ld00")

@@ -1,7 +1,7 @@
 """analysis.make_all and the figures, on synthetic runs laid out exactly as the real sweep files expand.
 
-The grid: sweeps/{delta, judge_executor, rescue_vs_decay}.yaml expanded by the real ``sweeps.expand`` with a small
-preset (30 steps, eval of 256 prompts x 4 samples), each run written by analysis.synth with an arm effect we
+The grid: sweeps/{delta, judge_executor, rescue_vs_decay}.yaml expanded by the real ``experiments.sweep.expand`` with a
+small preset (30 steps, eval of 256 prompts x 4 samples), each run written by analysis.synth with an arm effect we
 choose, so the claims the effects imply must come out. Then make_all twice: every file present and non-empty,
 byte-identical the second time, README block rewritten in place, missing runs listed.
 """
@@ -21,7 +21,7 @@ from analysis.load import load_runs
 from analysis.summary import summarize
 from analysis.synth import ArmSpec, write_folder
 from experiments.config import RunConfig, apply_overrides
-from sweeps import SWEEPS_DIR, expand
+from experiments.sweep import SWEEPS_DIR, expand
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "runs"

@@ -10,7 +10,7 @@ import pytest
 from analysis import collapse as C
 from analysis.load import load_runs
 from analysis.synth import ArmSpec, write_folder
-from sweeps import expand
+from experiments.sweep import expand
 
 # late reward (steps 301-400) per (rule, sigma, seed); steps 1-300 hold 0.9, which the test must ignore
 CLEAN = 0.40

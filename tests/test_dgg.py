@@ -1,4 +1,4 @@
-"""Dynamic Gradient Gating (experiments/tiny/dgg.py) and its place in the tiny update loop.
+"""Dynamic Gradient Gating (nsr.gating; skipped updates in experiments/tiny/train.py) in the tiny update loop.
 
 The gate's criterion by hand; a surge in the real loop gates updates (no optimizer step, weights untouched); a gate
 that never fires leaves every number of the step as without it; a crashed and resumed DGG run ends with the rows
@@ -15,10 +15,10 @@ from experiments.config import ConfigError, load_config
 from experiments.run import run
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 from experiments.tiny import train as tiny_train
-from experiments.tiny.dgg import GradientGate, lm_head_grad_norm
-from experiments.tiny.model import build_model
-from experiments.tiny.rng import generator
+from experiments.tiny.model import build_model, lm_head_grad_norm
 from experiments.tiny.task import get_task
+from nsr.gating import GradientGate
+from nsr.seeds import generator
 
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 SMALL = [
@@ -161,7 +161,7 @@ def test_resumed_dgg_run_matches_an_uninterrupted_one(tmp_path, monkeypatch):
 
 def test_dgg_sweep_expands_on_tiny_and_cluster_presets_and_not_on_trl():
     from experiments.openrlhf.argv import build_command
-    from sweeps import SweepError, expand
+    from experiments.sweep import SweepError, expand
 
     runs = expand("dgg")
     assert {r.meta["arm"] for r in runs} == {"hard", "nsr", "soft", "dgg", "nsr_dgg"} and len(runs) == 15

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import experiments.run as run_cli
-from experiments.config import ConfigError, RunConfig, load_config, load_yaml
+from experiments.config import ConfigError, RunConfig, load_config
 from experiments.rundir import (
     REPO_ROOT,
     RunDir,
@@ -25,10 +25,11 @@ from experiments.rundir import (
     read_status,
     runs_by_hash,
 )
+from experiments.sweep import SweepError, expand
+from experiments.yamlio import load_yaml
 from slurm.status import rows as status_rows
 from slurm.submit import load_site, plan
 from slurm.submit import main as submit_main
-from sweeps import SweepError, expand
 
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 

@@ -1,5 +1,6 @@
 """The repo is an installed package (``pip install -e .``, done by ``make venv``): its packages import, and its
-sweep files and presets are found through the package, from any working directory and with no PYTHONPATH.
+sweep files and presets (data next to the packages, in sweeps/) are found from any working directory with no
+PYTHONPATH.
 
 Each check runs a fresh interpreter in isolated mode (``-I``: no PYTHONPATH, no user site, no current directory
 on ``sys.path``) whose working directory is outside the repo, so only the installed package can answer.
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("nsr", "experiments", "analysis", "slurm", "sweeps")
+PACKAGES = ("nsr", "experiments", "analysis", "slurm")
 
 CHILD = r"""
 import importlib, json, sys
@@ -22,10 +23,10 @@ from importlib.resources import files
 out = {"path": sys.path}
 for name in %r:
     out[name] = importlib.import_module(name).__file__
-import sweeps
-out["delta"] = str(files("sweeps") / "delta.yaml") if (files("sweeps") / "delta.yaml").is_file() else None
-out["preset"] = str(files("sweeps") / "presets" / "tiny-smoke.yaml")
-out["sweep_files"] = sorted(p.name for p in sweeps.SWEEPS_DIR.glob("*.yaml"))
+from experiments import sweep
+out["delta"] = str(sweep.sweep_path("delta"))
+out["preset"] = str(sweep.preset_file("tiny-smoke"))
+out["sweep_files"] = sorted(p.name for p in sweep.SWEEPS_DIR.glob("*.yaml"))
 out["claims"] = (files("analysis") / "claims.yaml").is_file()
 out["site"] = (files("slurm") / "cluster.yaml").is_file()
 print(json.dumps(out))
@@ -55,7 +56,7 @@ def test_packages_import_from_outside_the_repo(tmp_path):
 
 def test_a_sweep_expands_by_name_from_outside_the_repo(tmp_path):
     """``slurm.submit`` resolves a sweep name through the package and validates every run (no torch work)."""
-    from sweeps import expand
+    from experiments.sweep import expand
 
     proc = _isolated(["-m", "slurm.submit", "delta", "--preset", "tiny-smoke", "--dry-run"], tmp_path)
     assert proc.returncode == 0, proc.stderr

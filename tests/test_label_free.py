@@ -11,8 +11,8 @@ from experiments.rundir import REPO_ROOT
 from experiments.tiny import train as tiny_train
 from experiments.tiny.model import build_model, logprobs, response_mask
 from experiments.tiny.rewards import cluster_vote, group_normalized, self_certainty, train_rewards
-from experiments.tiny.rng import generator
 from experiments.tiny.task import EOS, VOCAB_SIZE, encode, get_task
+from nsr.seeds import generator
 
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 SMALL = [
@@ -165,7 +165,7 @@ def test_loop_trains_on_the_label_free_reward_and_logs_the_verifier():
 
 
 def test_reward_source_sweep_expands_on_tiny_presets_only():
-    from sweeps import SweepError, expand
+    from experiments.sweep import SweepError, expand
 
     runs = expand("reward_source")
     assert {r.meta["preset"] for r in runs} == {"tiny-regime"} and len(runs) == 3 * 2 * 3

@@ -2,7 +2,7 @@
 
 import json
 
-from nsr.openrlhf.bench_gpu import main
+from experiments.openrlhf.bench_gpu import main
 
 
 def test_bench_gpu_smoke_on_cpu(tmp_path, capsys):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments.openrlhf import data
+from experiments.openrlhf.plan import count_rows
 from experiments.openrlhf.reward import score
 from nsr.openrlhf.reference import openrlhf_root
 
@@ -50,7 +51,7 @@ def test_dapo_train_set_is_deduplicated_unwrapped_and_repeated(prepared):
     assert sorted(r["problem_id"] for r in first) == ["idx-0", "idx-1", "idx-2"]  # each pass is a whole pass
     prompt = next(r["prompt"] for r in rows if r["problem_id"] == "idx-1")
     assert prompt == "Compute $\\frac{1}{2}+\\frac{1}{4}$." + data.BOXED_INSTRUCTION  # DAPO's "Answer:" wrapper cut
-    assert data.count_rows(prepared / "dapo-math-17k.jsonl") == 12
+    assert count_rows(prepared / "dapo-math-17k.jsonl") == 12
     orders = [[r["problem_id"] for r in rows[i : i + 3]] for i in range(0, 12, 3)]
     assert len({tuple(o) for o in orders}) > 1  # passes are shuffled differently (seeded)
     source = data.load_rows("dapo-math-17k", LOCAL["dapo-math-17k"])

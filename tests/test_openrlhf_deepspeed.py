@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.openrlhf.metrics import REQUIRED
+from nsr.openrlhf.metrics import REQUIRED
 
 pytest.importorskip("deepspeed", reason="deepspeed==0.19.6 (requirements-cpu.txt) runs the real training step")
 pytestmark = pytest.mark.slow

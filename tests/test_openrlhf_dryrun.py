@@ -26,7 +26,7 @@ def lines():
 
 
 def test_one_line_per_run_of_the_sweep(lines):
-    from sweeps import expand
+    from experiments.sweep import expand
 
     assert [ln["run_id"] for ln in lines] == [s.run_id for s in expand(SWEEP)]
     for ln in lines:

@@ -13,8 +13,8 @@ import torch
 
 from experiments.config import ConfigError, load_config
 from experiments.openrlhf.argv import build_command
-from experiments.tiny import rng
 from nsr import AdvantageConfig, LossConfig, seeds
+from nsr import seeds as rng
 from nsr.openrlhf import launch, mapping
 from nsr.openrlhf.loss import NSRPolicyLoss
 from nsr.openrlhf.settings import NSRSettings

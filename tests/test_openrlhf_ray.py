@@ -186,7 +186,7 @@ def test_controller_advantages_equal_nsr_compute_advantages(orl, overrides, tmp_
 
 
 def test_controller_writes_one_metrics_row_per_step(orl, tmp_path):
-    from experiments.openrlhf.metrics import row_from_logs
+    from nsr.openrlhf.metrics import row_from_logs
 
     args, settings = _args()
     args.nsr = dataclasses.replace(settings, metrics_path=str(tmp_path / "metrics.jsonl"))

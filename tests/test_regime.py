@@ -1,5 +1,5 @@
 """The pre-registration (analysis/regime.yaml) and its sweeps agree, its criteria read fields the tiny backend
-writes, and the stage-A readout (analysis.power) computes them: on the committed tiny grid it finds what issue 12
+writes, and the stage-A readout (analysis.regime) computes them: on the committed tiny grid it finds what issue 12
 measured (the tiny preset fails reach, clip and grad-clip). About 5 s (reads 6 committed run folders)."""
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import pytest
 import torch
 
 import nsr
+from analysis import dose as D
 from analysis import power as P
+from analysis import regime as R
 from experiments.config import load_config
 from experiments.rundir import RunDir, read_rows
-from sweeps import expand, load_sweep, preset_file
+from experiments.sweep import expand, load_sweep, preset_file
 
 REPO = Path(__file__).resolve().parents[1]
-REGIME = P.load_regime()
+REGIME = R.load_regime()
 GRID = REPO / "results" / "runs" / "delta"
 
 
@@ -49,15 +51,44 @@ def test_judge_executor_sweep_matches_the_collapse_plan():
     assert list(sw.seeds) == je["seeds"] and max(je["sigmas"]) == 0.5
 
 
+def test_stage_a2_sweep_runs_exactly_the_preregistered_candidates():
+    """sweeps/regime_a2.yaml = stage_a2's candidates x arms x seeds, each seed on its own warm start; the seed ranges
+    of the criteria runs, the gate and stage B are disjoint and none holds (sft.seed 0, seed 0), the run that was
+    seen before the plan."""
+    a2 = R.load_regime(stage="a2")
+    runs = expand(a2["sweep"])
+    preset = preset_file(a2["base_preset"])
+    cands, arms = a2["candidates"], a2["arms"]
+    assert len(runs) == len(cands) * len(arms) * len(a2["seeds"])
+    for spec in runs:
+        name, arm = spec.meta["point"]["regime"], spec.meta["arm"]
+        cand = cands[name]
+        seed = spec.meta["seed"]
+        ov = {**cand["overrides"], "loss.delta": cand["delta"], "seed": seed, "sft.seed": seed}
+        ov["loss.rule"] = arms[arm]["loss.rule"]
+        if "widen_by" in arms[arm]:
+            base = load_config(preset, [f"{k}={v}" for k, v in cand["overrides"].items()]).loss
+            ov["loss.eps_low"] = round(base.eps_low + arms[arm]["widen_by"], 6)
+            ov["loss.eps_high"] = round(base.eps_high + arms[arm]["widen_by"], 6)
+        want = load_config(preset, [f"{k}={v}" for k, v in ov.items()])
+        assert spec.config == want, spec.run_id
+    assert sorted({r.meta["seed"] for r in runs}) == a2["seeds"]
+    confirm = {r.config.seed for r in expand("confirm")}
+    ranges = [set(a2["seeds"]), set(a2["gate_seeds"]), confirm]
+    assert all(not (x & y) for i, x in enumerate(ranges) for y in ranges[i + 1 :])
+    assert 0 not in set().union(*ranges) and min(confirm) == 1001
+    assert all(r.config.sft.seed == r.config.seed for r in [*runs, *expand("confirm")])
+
+
 def test_confirm_template_is_sized_by_the_power_calculation():
-    plan, b = REGIME["planning"], REGIME["stage_b"]
+    """Stage B (A2's plan): n pairs at the planning SD, one RL seed and one warm start per pair, four primary arms."""
+    a2 = R.load_regime(stage="a2")
+    plan = a2["planning"]
     n = P.n_paired(plan["prior_sd"], plan["sesoi"], plan["alpha"], plan["power"], plan["contrasts"])
     runs = expand("confirm")
     per_arm = {a: sum(r.meta["arm"] == a for r in runs) for a in ("hard", "nsr", "soft", "widen_dose")}
-    seeds = math.ceil(n / len(b["warm_starts"]))
-    assert set(per_arm.values()) == {seeds * len(b["warm_starts"])}
-    warm = {r.config.sft.seed for r in runs if r.meta["arm"] == "nsr"}
-    assert sorted(warm) == b["warm_starts"]
+    assert set(per_arm.values()) == {n} and len(runs) == 4 * n
+    assert sorted({r.config.seed for r in runs}) == list(range(1001, 1001 + n))
 
 
 def test_the_confirm_template_is_refused_until_filled(tmp_path):
@@ -66,14 +97,14 @@ def test_the_confirm_template_is_refused_until_filled(tmp_path):
     import subprocess
     import sys
 
+    from experiments.sweep import SweepError, check_ready, load_sweep
     from slurm.submit import submit
-    from sweeps import SweepError, check_ready, load_sweep
 
     assert load_sweep("confirm").status == "template" and load_sweep("regime_search").status == "ready"
     with pytest.raises(SweepError, match="status: template"):
         submit("confirm", preset="tiny-smoke", cluster="local", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
-    assert len(submit("confirm", preset="tiny-smoke", dry_run=True, out_root=tmp_path / "runs").decisions) == 18
+    assert len(submit("confirm", preset="tiny-smoke", dry_run=True, out_root=tmp_path / "runs").decisions) == 4
     run_id = expand("confirm")[0].run_id
     cmd = [sys.executable, "-m", "experiments.run", "--sweep", "confirm", "--run", run_id, "--out", str(tmp_path / "x")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -114,11 +145,11 @@ def test_readout_finds_the_issue_facts_on_the_tiny_grid():
             path = current[f"{name}-s{seed}"]
             if RunDir(path).state() != "done":
                 (path,) = [p for p in GRID.glob(f"{name}-s{seed}-*") if RunDir(p).state() == "done"][:1]
-            r = P.read_run(path)
+            r = R.read_run(path)
             r.arm, r.regime = arm, "tiny"
             runs.append(r)
     assert len(runs) == 6
-    out = P.candidate_readout(runs, regime, "tiny")
+    out = R.candidate_readout(runs, regime, "tiny")
     assert out["reach_pos"] > 0.4 and out["reach_neg"] < 0.3  # issue: 77% of A < 0 clipped tokens lie deeper
     assert out["clip_frac"] < 0.03 and out["grad_clip_share"] > 0.3  # issue: 2.7%; grad clip on 39% of updates (today)
     assert out["checks"]["not_saturated"] and out["checks"]["complete"]
@@ -144,7 +175,7 @@ def test_dose_matched_width_of_a_one_bin_histogram():
             w_mid = ((bound / r_mid) ** 2 - 0.8**2) / 0.8  # noisy executor, A > 0 (docs/method.md)
         else:
             w_mid = (1.2**2 - (bound / r_mid) ** 2) / 0.8
-        dose, width = P.dose_matched_width(counts, sign, cfg)
+        dose, width = D.dose_matched_width(counts, sign, cfg)
         assert dose == pytest.approx(1000 * w_mid)
         assert width == round(abs(edge - bound) * w_mid / 10, 3)
         assert float(nsr.expected_weight(torch.tensor(r_mid), sign, cfg)) == pytest.approx(w_mid)
@@ -159,25 +190,25 @@ def test_readout_of_an_empty_folder_chooses_nothing(tmp_path, capsys):
 
 def test_no_regime_is_chosen_while_a_candidate_is_pending(monkeypatch):
     """One candidate meets every criterion, another has not run: the selection waits (it compares candidates)."""
-    regime = P.load_regime()
+    regime = R.load_regime()
     passing = {"qualifies": True, "dose_per_token": 0.01, "spread": 0.03, "checks": {"complete": True}}
     pending = {"qualifies": False, "dose_per_token": math.nan, "spread": math.nan, "checks": {"complete": False}}
     readouts = {"u16": passing, "u16_gc": pending, "tight": dict(passing, qualifies=False), "d128": dict(passing)}
     readouts["u16_gc_d05"] = readouts["c4_u16_gc"] = dict(passing, qualifies=False)
-    monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
-    monkeypatch.setattr(P, "load_regime", lambda path=None: regime)
-    out = P.regime_readout("/nonexistent-stage-a")
+    monkeypatch.setattr(R, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
+    monkeypatch.setattr(R, "load_regime", lambda path=None, stage="a": regime)
+    out = R.regime_readout("/nonexistent-stage-a")
     assert out["chosen"] is None and out["pending"] == ["u16_gc"]
     readouts["u16_gc"] = dict(passing, dose_per_token=0.02)  # now complete and the larger dose
-    out = P.regime_readout("/nonexistent-stage-a")
+    out = R.regime_readout("/nonexistent-stage-a")
     assert out["pending"] == [] and out["chosen"] == "u16_gc" and out["plan"]["pairs"] % 4 == 0
 
 
-def _hard_run(seed: int, deep: bool, done: bool = True) -> P.RunStats:
+def _hard_run(seed: int, deep: bool, done: bool = True) -> R.RunStats:
     """A done hard run of 400 steps whose clipped tokens all lie in the rescue zone, or all deeper."""
     bins = np.zeros(11)
     bins[10 if deep else 0] = 100.0
-    return P.RunStats(
+    return R.RunStats(
         Path(f"hard-s{seed}"), "hard", "tight", seed, done, late_pass1=0.4, pass1_step0=0.2, reward_auc=0.3,
         clip_frac=0.05, grad_clip_steps=0.0, steps=400, delta=0.2, bins={"pos": bins, "neg": bins},
     )  # fmt: skip
@@ -186,22 +217,22 @@ def _hard_run(seed: int, deep: bool, done: bool = True) -> P.RunStats:
 def test_a_candidate_is_ruled_out_once_its_hard_runs_fail_a_hard_only_criterion():
     """Amendment 1: every hard run done and reach fails -> ruled out (the nsr / widen_small runs cannot change it);
     a hard run still running, or hard runs that pass, leave it pending."""
-    regime = P.load_regime()
+    regime = R.load_regime()
     assert regime["rule_out_on_hard"]["criteria"] == ["reach", "clip", "not_saturated", "grad_clip_rare"]
     deep = [_hard_run(s, deep=True) for s in range(5)]
-    out = P.candidate_readout(deep, regime, "tight", expected=15, expected_hard=5)
+    out = R.candidate_readout(deep, regime, "tight", expected=15, expected_hard=5)
     assert out["ruled_out"] == ["reach"] and not out["checks"]["complete"] and not out["qualifies"]
     four = deep[:4] + [_hard_run(4, deep=True, done=False)]
-    assert P.candidate_readout(four, regime, "tight", expected=15, expected_hard=5)["ruled_out"] == []
+    assert R.candidate_readout(four, regime, "tight", expected=15, expected_hard=5)["ruled_out"] == []
     near = [_hard_run(s, deep=False) for s in range(5)]
-    out = P.candidate_readout(near, regime, "tight", expected=15, expected_hard=5)
+    out = R.candidate_readout(near, regime, "tight", expected=15, expected_hard=5)
     assert out["ruled_out"] == [] and out["checks"]["reach"] and not out["checks"]["complete"]
 
 
 def test_hard_only_criteria_do_not_move_with_the_other_arms():
     """What makes amendment 1 sound: with the hard runs fixed, no nsr or widen_small runs (none, good, bad, running)
     change the four criteria it rules out on; they do change widening_not_protective."""
-    regime = P.load_regime()
+    regime = R.load_regime()
     hard = [_hard_run(s, deep=False) for s in range(5)] + [_hard_run(9, deep=True, done=False)]
     g = np.random.default_rng(0)
     seen, widening = set(), set()
@@ -215,8 +246,8 @@ def test_hard_only_criteria_do_not_move_with_the_other_arms():
                 r.arm, r.late_pass1, r.reward_auc = arm, float(g.uniform(0, 1)), float(g.uniform(0, 1))
                 r.clip_frac, r.grad_clip_steps, r.pass1_step0 = 0.0, 400.0, 0.99
                 others.append(r)
-        out = P.candidate_readout(hard + others, regime, "tight", expected=15, expected_hard=5)
-        seen.add(tuple(out["checks"][c] for c in P.HARD_ONLY_CRITERIA))
+        out = R.candidate_readout(hard + others, regime, "tight", expected=15, expected_hard=5)
+        seen.add(tuple(out["checks"][c] for c in R.HARD_ONLY_CRITERIA))
         widening.add(out["checks"]["widening_not_protective"])
     assert seen == {(True, True, True, True)} and widening == {True, False}
 
@@ -224,36 +255,36 @@ def test_hard_only_criteria_do_not_move_with_the_other_arms():
 def test_without_a_sweep_a_candidate_waits_for_every_preregistered_seed():
     """No expected count given: 2 done hard runs of 5 seeds do not rule a candidate out (not "the folders that
     exist")."""
-    out = P.candidate_readout([_hard_run(s, deep=True) for s in range(2)], P.load_regime(), "tight")
+    out = R.candidate_readout([_hard_run(s, deep=True) for s in range(2)], R.load_regime(), "tight")
     assert not out["checks"]["reach"] and out["ruled_out"] == []
 
 
 def test_a_ruled_out_candidate_is_not_waited_for(monkeypatch, capsys):
-    regime = P.load_regime()
+    regime = R.load_regime()
     failing = {"qualifies": False, "dose_per_token": 0.01, "spread": 0.03, "checks": {"complete": False}}
     readouts = {k: dict(failing, ruled_out=["reach"]) for k in ("u16", "u16_gc", "tight", "u16_gc_d05", "c4_u16_gc")}
     readouts["d128"] = dict(failing, ruled_out=[])  # hard runs not all done yet
-    monkeypatch.setattr(P, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
-    monkeypatch.setattr(P, "load_regime", lambda path=None: regime)
-    out = P.regime_readout("/nonexistent-stage-a")
+    monkeypatch.setattr(R, "candidate_readout", lambda runs, reg, name, *a: readouts[name])
+    monkeypatch.setattr(R, "load_regime", lambda path=None, stage="a": regime)
+    out = R.regime_readout("/nonexistent-stage-a")
     assert out["pending"] == ["d128"] and out["chosen"] is None
     readouts["d128"]["ruled_out"] = ["reach", "clip"]
-    out = P.regime_readout("/nonexistent-stage-a")
+    out = R.regime_readout("/nonexistent-stage-a")
     assert out["pending"] == [] and out["chosen"] is None and set(out["ruled_out"]) == set(readouts)
-    P.print_readout(out)
+    R.print_readout(out)
     text = capsys.readouterr().out
     assert "d128 (reach, clip)" in text and "chosen regime: none qualifies (stage B is not run)" in text
     # one complete candidate that meets every criterion among ruled-out ones is chosen
     readouts["d128"] = {"qualifies": True, "dose_per_token": 0.001, "spread": 0.02, "checks": {"complete": True}}
     readouts["d128"]["ruled_out"] = []
-    out = P.regime_readout("/nonexistent-stage-a")
+    out = R.regime_readout("/nonexistent-stage-a")
     assert out["pending"] == [] and out["chosen"] == "d128"
 
 
 def test_a_criterion_without_runs_reads_na_not_fail():
-    regime = P.load_regime()
-    out = P.candidate_readout([_hard_run(s, deep=True) for s in range(5)], regime, "tight", 15, 5)
-    cells = {c: P._cell(out, c) for c in out["checks"]}
+    regime = R.load_regime()
+    out = R.candidate_readout([_hard_run(s, deep=True) for s in range(5)], regime, "tight", 15, 5)
+    cells = {c: R._cell(out, c) for c in out["checks"]}
     assert cells == {
         "reach": "FAIL", "clip": "pass", "widening_not_protective": "n/a", "not_saturated": "pass",
         "grad_clip_rare": "pass", "complete": "FAIL",
@@ -265,7 +296,7 @@ def test_only_hard_only_criteria_may_rule_a_candidate_out(tmp_path):
     bad = tmp_path / "regime.yaml"
     bad.write_text(text.replace("criteria: [reach, clip,", "criteria: [widening_not_protective, reach, clip,"))
     with pytest.raises(ValueError, match=r"rule_out_on_hard.criteria has \['widening_not_protective'\]; allowed"):
-        P.load_regime(bad)
+        R.load_regime(bad)
 
 
 def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
@@ -282,7 +313,7 @@ def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
     shutil.copytree(tmp_path / specs[0].run_id, tmp_path / f"{specs[0].run_id}-copy")
     other = from_dict(apply_overrides(specs[0].config.to_dict(), {"train.lr": 5e-5}))  # a config not in the sweep
     write_folder(tmp_path / "hard-other", other, dict(specs[0].meta), ArmSpec())
-    out = P.regime_readout(tmp_path)["candidates"]["u16"]
+    out = R.regime_readout(tmp_path)["candidates"]["u16"]
     assert len(specs) == 3 and out["runs"] == 3 and out["done"] == 3
 
 
@@ -300,8 +331,8 @@ def test_readout_measures_only_done_runs(tmp_path):
     write_folder(tmp_path / specs[1].run_id, specs[1].config, dict(specs[1].meta), ArmSpec(skill=3.0), "running")
     metrics = tmp_path / specs[1].run_id / "metrics.jsonl"
     metrics.write_text(metrics.read_text().replace('"clip_frac_low":', '"clip_frac_low":0.5,"x":'))
-    out = P.regime_readout(tmp_path)["candidates"]["u16"]
-    done = P.read_run(tmp_path / specs[0].run_id)
+    out = R.regime_readout(tmp_path)["candidates"]["u16"]
+    done = R.read_run(tmp_path / specs[0].run_id)
     assert out["runs"] == 2 and out["done"] == 1
     assert out["clip_frac"] == pytest.approx(done.clip_frac)
     assert out["hard_late_pass1"] == pytest.approx(done.late_pass1)
@@ -318,9 +349,51 @@ def test_make_all_writes_the_stage_a_readout(tmp_path, capsys):
     make_all.make_all(tmp_path / "runs", tmp_path / "out")
     printed = capsys.readouterr().out
     text = (tmp_path / "out" / "tables" / "stage_a.md").read_text()
-    expected = P.readout_markdown(P.regime_readout(tmp_path / "runs"))
+    expected = R.readout_markdown(R.regime_readout(tmp_path / "runs"))
     assert text.endswith(expected) and "| done | 5 | 0 | 0 | 0 | 0 | 0 |" in text and "| criterion reach |" in text
     # the synthetic hard runs fail a hard-only criterion, so u16 is ruled out (not pending) by its hard runs alone
     assert "ruled out on their done hard runs" in text and "u16 (reach" in text
     pending = "u16_gc, tight, d128, u16_gc_d05, c4_u16_gc"
     assert f"stage A readout (tables/stage_a.md): incomplete ({pending} pending)" in printed
+
+
+def _gate_file(path: Path, diffs_per_run: list[float], states_per_run: int = 20) -> None:
+    """A stage-A2 gate file: 8 baseline runs, each state's soft - hard on the training split = its run's value
+    plus a small state-to-state wobble."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, d in enumerate(diffs_per_run):
+        for k in range(states_per_run):
+            x = 0.2 + 0.001 * k
+            wobble = 1e-5 * ((k % 3) - 1)
+            mets = {"hard": {"clip_frac": 0.03, "rescue_frac": 0.0, "dose": 0.0}, "soft": {"clip_frac": 0.03,
+                    "rescue_frac": 0.0, "dose": 0.004}}  # fmt: skip
+            lines.append({"run": i, "step": 20 * (k + 1), "seed": 201 + i, "sft_seed": 201 + i, "before": math.nan,
+                          "after": {"hard": math.nan, "soft": math.nan}, "train_before": x - 1e-4,
+                          "train_after": {"hard": x, "soft": x + d + wobble}, "metrics": mets})  # fmt: skip
+    path.write_text("".join(__import__("json").dumps(r) + "\n" for r in lines))
+
+
+def test_stage_a2_gate_is_holm_across_candidates(tmp_path):
+    """The gate reads each candidate's file: one-sided t over the 8 run means, Holm over all three candidates; it is
+    decided early only where Holm's first step (p < alpha / 3) or the raw p (>= alpha) already decides it."""
+    a2 = R.load_regime(stage="a2")
+    up = [2e-5, 3e-5, 1e-5, 2.5e-5, 1.5e-5, 2e-5, 3e-5, 2.2e-5]  # clearly > 0
+    _gate_file(tmp_path / "tl44.jsonl", up)
+    _gate_file(tmp_path / "tl116.jsonl", [-x for x in up])  # clearly < 0
+    g = R.gate_readout(a2, {}, tmp_path)
+    assert g["tl44"]["state"] == "complete" and g["tl44"]["runs"] == 8 and g["tl44"]["states"] == 160
+    assert g["tl44"]["passes"] is True and g["tl116"]["passes"] is False  # decided before tl116g16's gate
+    assert g["tl116g16"] == {"state": "not run", "states": 0, "passes": None}
+    assert g["tl44"]["mean"] == pytest.approx(np.mean(up), abs=1e-6) and g["tl44"]["lower"] < np.mean(up)
+    assert g["tl44"]["hard_change"] == pytest.approx(1e-4) and g["tl44"]["dose"] == pytest.approx(0.004)
+    weak = [x * 1e-6 + 8e-7 for x in (3, -1, 2, 1, 4, -2, 3, 1)]  # p between alpha / 3 and alpha
+    _gate_file(tmp_path / "tl116g16.jsonl", weak, states_per_run=5)  # incomplete: still running
+    assert R.gate_readout(a2, {}, tmp_path)["tl116g16"]["state"] == "running"
+    _gate_file(tmp_path / "tl116g16.jsonl", weak)
+    g = R.gate_readout(a2, {}, tmp_path)
+    assert 0.05 / 3 < g["tl116g16"]["p"] < 0.05
+    assert g["tl116g16"]["p_holm"] == pytest.approx(min(1.0, 2 * g["tl116g16"]["p"]))  # Holm's second step
+    (tmp_path / "tl116.jsonl").unlink()  # tl116 ruled out on its hard runs: p = 1 in the family
+    g = R.gate_readout(a2, {"tl116": True}, tmp_path)
+    assert g["tl116"]["passes"] is False and g["tl116"]["p_holm"] == 1.0 and g["tl44"]["passes"] is True

@@ -92,7 +92,7 @@ def test_sigterm_records_cancelled_and_the_run_resumes(tiny_env, tmp_path, capsy
 
 def test_dry_run_of_a_tiny_sweep_prints_the_command_that_reruns_each_run(capsys):
     """--dry-run on the tiny backend: one JSON line per run whose argv reruns exactly that grid point; no folder."""
-    from sweeps import expand
+    from experiments.sweep import expand
 
     specs = expand("rescue_vs_decay", preset="tiny-smoke")
     folders = [REPO_ROOT / "results" / "runs" / s.sweep / s.run_id for s in specs]

@@ -18,10 +18,10 @@ import submitit
 import yaml
 
 from experiments.rundir import RunDir, read_jsonl
+from experiments.sweep import expand
 from slurm import queue
 from slurm.status import progress, rows
 from slurm.submit import main, plan, submit
-from sweeps import expand
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,9 +9,9 @@ import pytest
 
 from experiments.config import ConfigError
 from experiments.rundir import RunDir
+from experiments.sweep import expand
 from slurm import queue
 from slurm.submit import load_site, main, plan, resources, submit
-from sweeps import expand
 
 
 @pytest.fixture
@@ -154,3 +154,45 @@ def test_submit_refuses_openrlhf_runs_short_of_data_rows(tmp_path):
     with pytest.raises(ConfigError, match=r"needs \d+ prompt rows and finds 10 rows .*nothing was submitted"):
         submit(sw, cluster="local", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
     assert not (tmp_path / "logs").exists()
+
+
+# ---------------------------------------------------------------- no sweep that fails after submission
+def _every_sweep_and_preset():
+    from experiments.sweep import SWEEPS_DIR, available, load_sweep
+
+    for name in available(SWEEPS_DIR):
+        sw = load_sweep(name)
+        if sw.status == "template":
+            continue
+        for preset in (None, "tiny", "tiny-regime"):
+            yield name, preset
+
+
+@pytest.mark.parametrize("name, preset", list(_every_sweep_and_preset()))
+def test_every_run_of_every_sweep_passes_the_checks_of_its_start(name, preset):
+    """What a job would refuse at its start (experiments.run.preflight: for the cluster, the argv builder and the
+    launcher's own checks with OpenRLHF's parser) is refused at submission; every sweep file passes them, on its own
+    preset(s) and on the CPU testbed's."""
+    from experiments.sweep import expand
+    from slurm.submit import check_runs
+
+    check_runs(expand(name, preset=preset), name)
+
+
+def test_submission_names_each_run_that_would_fail_at_its_start(tmp_path):
+    """A sweep whose random-reward arm keeps DAPO's dynamic filter (the backend refuses that control) is refused
+    before any job or folder exists, run by run, in --dry-run too."""
+    from experiments.checks import ConfigError
+    from slurm.submit import submit
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "preset: qwen2.5-math-7b-dapo\nbase: {openrlhf.dynamic_filtering: true}\n"
+        "arms: {task: {advantages.kind: group_norm}, random_reward: {advantages.kind: random_reward}}\nseeds: [0, 1]\n"
+    )
+    for dry in (True, False):
+        with pytest.raises(ConfigError, match=r"2 of 4 runs would fail at their start") as e:
+            submit(bad, dry_run=dry, cluster="local", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
+        assert "random_reward-s0-" in str(e.value) and "random_reward-s1-" in str(e.value)
+        assert "dynamic filtering" in str(e.value) and "task-s0" not in str(e.value)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()

@@ -1,4 +1,4 @@
-"""Sweep expansion (sweeps/__init__.py): every paper sweep expands and validates, ids are stable, rerunning one
+"""Sweep expansion (experiments/sweep.py): every paper sweep expands and validates, ids are stable, rerunning one
 run resolves exactly the grid's config, and bad input fails with the file, the key and the allowed values."""
 
 import argparse
@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-import sweeps
+from experiments import sweep as sweeps
 from experiments.config import load_config
 from experiments.run import resolve
-from sweeps import SweepError, expand, load_sweep, resolve_run
+from experiments.sweep import SweepError, expand, load_sweep, resolve_run
 
 SWEEPS = ["main", "advantage_magnitude", "judge_executor", "rescue_vs_decay", "delta", "clip_asymmetry", "related"]
 MIN_SEEDS = {"rescue_vs_decay": 5, "delta": 5}  # CPU evidence grid: these two need >= 5 seeds, the others >= 3
@@ -221,3 +221,36 @@ def test_bad_preset_sections(tmp_path, presets):
 def test_unknown_sweep_lists_the_sweeps():
     with pytest.raises(SweepError, match=r"no such sweep file; available: .*delta.*rescue_vs_decay"):
         sweeps.sweep_path("detla")
+
+
+# ---------------------------------------------------------------- tie
+def test_tie_sets_a_field_to_each_runs_seed(tmp_path, presets):
+    sw = write(
+        tmp_path,
+        "tied.yaml",
+        """
+        preset: p1
+        arms: {hard: {loss.rule: hard}, nsr: {loss.rule: nsr}}
+        seeds: [3, 7]
+        tie: {sft.seed: seed}
+        """,
+    )
+    runs = expand(sw, presets_dir=presets)
+    assert [(r.config.seed, r.config.sft.seed) for r in runs] == [(3, 3), (7, 7), (3, 3), (7, 7)]
+    assert runs[0].overrides["sft.seed"] == 3  # `experiments.run <preset> k=v ...` with these overrides is the run
+
+
+@pytest.mark.parametrize(
+    "tie, extra, msg",
+    [
+        ("{sft.seed: seed}", "base: {sft.seed: 1}", "also set by base"),
+        ("{sft.seed: seed}", "grid: {sft.seed: [1, 2]}", "also set by arms.hard (axis)"),
+        ("{sft.seed: step}", "", "allowed: seed"),
+        ("{sft.sead: seed}", "", "unknown key 'sft.sead'"),
+        ("[sft.seed]", "", "allowed: a mapping"),
+    ],
+)
+def test_bad_tie_is_refused(tmp_path, presets, tie, extra, msg):
+    sw = write(tmp_path, "bad.yaml", f"preset: p1\narms: {{hard: {{loss.rule: hard}}}}\ntie: {tie}\n{extra}\n")
+    with pytest.raises(SweepError, match=re.escape(msg)):
+        expand(sw, presets_dir=presets)

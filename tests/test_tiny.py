@@ -21,10 +21,10 @@ from experiments.config import load_config
 from experiments.run import run
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 from experiments.tiny.model import build_model, generate, logprobs, response_mask
-from experiments.tiny.rng import generator
 from experiments.tiny.sft import warm_start
 from experiments.tiny.task import EOS, get_task
 from experiments.tiny.train import train
+from nsr.seeds import generator
 
 SMOKE = REPO_ROOT / "sweeps" / "presets" / "tiny-smoke.yaml"
 METRIC_FIELDS = {

@@ -71,6 +71,8 @@ def test_run_folder_contract(nsr_run):
     assert nsr_run.state() == "done"
     assert {"config.yaml", "metrics.jsonl", "eval.jsonl.gz", "status.json"} <= {p.name for p in nsr_run.path.iterdir()}
     assert not (nsr_run.path / CHECKPOINT_DIR).exists()  # removed when done (logging.keep_checkpoint false)
+    ws = nsr_run.read_config()["meta"]["warm_start"]  # the testbed warm start it trained from: pairs need it
+    assert len(ws["sha256"]) == 64 and ws["key"]
     rows = read_jsonl(nsr_run.metrics_path)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
@@ -196,7 +198,7 @@ def test_math_path_with_a_local_hf_model(trl_env, tmp_path):
 
 def test_sweeps_run_on_the_trl_preset():
     """--preset trl-tiny turns a sweep's grid into trl runs, as --preset tiny does for the testbed."""
-    from sweeps import expand
+    from experiments.sweep import expand
 
     runs = expand(REPO_ROOT / "sweeps" / "delta.yaml", preset="trl-tiny")
     assert len(runs) > 5 and {r.config.backend for r in runs} == {"trl"}

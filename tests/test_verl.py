@@ -1,6 +1,7 @@
 """nsr.verl against verl 0.9.1's real code on CPU: our rules as verl loss modes, equal to verl's vanilla where the
 formulas agree, configured through verl's own structured configs and hydra recipe composition."""
 
+import math
 import os
 import subprocess
 import sys
@@ -189,7 +190,7 @@ def test_recipe_overrides_round_trip():
 
 
 def test_cli_prints_a_sweeps_overrides(capsys, monkeypatch):
-    from nsr.verl.__main__ import main
+    from experiments.verl import main
 
     monkeypatch.chdir(ROOT)
     assert main(["--sweep", "sweeps/delta.yaml"]) == 0
@@ -198,3 +199,29 @@ def test_cli_prints_a_sweeps_overrides(capsys, monkeypatch):
     assert any("+actor_rollout_ref.actor.policy_loss.delta=0.05" in parts[1] for parts in lines)
     assert main(["sweeps/presets/tiny.yaml", "loss.delta=2"]) == 2  # a bad value: the config's own error
     assert "loss.delta=2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("log_r", [50.0, -50.0])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_large_log_ratio_follows_verl(log_r, level):
+    """|log r| = 50 on every token. Token level: verl's vanilla clamps log r at +-20 (nsr.LOG_RATIO_CLAMP) for its
+    ratio and its ppo_kl; nsr:hard gives its loss, gradient and ppo_kl (-+20, not -+50). Sequence level: verl's gspo
+    reports ppo_kl unclamped (-+50), and so does nsr:hard at level sequence."""
+    logp, _, adv, mask = dual_batch(seed=4)
+    batch = (logp, logp.detach() - log_r, adv, mask)
+    if level == "token":
+        ref = run("vanilla", actor("vanilla", PolicyLossConfig()), batch)
+        got = run("nsr:hard", actor("nsr:hard"), batch)
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got[1], ref[1], rtol=1e-12, atol=1e-12)
+        assert (
+            got[2]["actor/ppo_kl"]
+            == pytest.approx(ref[2]["actor/ppo_kl"])
+            == pytest.approx(-math.copysign(nsr.LOG_RATIO_CLAMP, log_r))
+        )
+    else:
+        ref = run("gspo", actor("gspo", PolicyLossConfig(loss_mode="gspo")), batch)
+        pl = nsr.verl.NSRPolicyLossConfig(loss_mode="nsr:hard", level="sequence")
+        got = run("nsr:hard", actor("nsr:hard", pl), batch)
+        assert got[2]["actor/ppo_kl"] == pytest.approx(ref[2]["actor/ppo_kl"]) == pytest.approx(-log_r)
+    assert got[2]["actor/nsr_approx_kl"] == pytest.approx(-log_r)  # the kit's own metric: the raw log-ratio

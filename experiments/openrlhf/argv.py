@@ -254,7 +254,7 @@ def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str
     if t.entropy_coef > 0:
         # Only with a bonus: any value, 0 included, makes OpenRLHF keep a (tokens x vocabulary) fp32 entropy tensor
         # through backward (~10 GB per micro-batch at 7B). The logged entropy is then NSRPolicyLoss's free
-        # Monte-Carlo estimate nsr_entropy_mc (experiments/openrlhf/metrics.py).
+        # Monte-Carlo estimate nsr_entropy_mc (nsr/openrlhf/metrics.py).
         flags.append(("--actor.entropy_coef", [_num(t.entropy_coef)]))
     if cfg.task.chat_template:
         flags.append(("--data.apply_chat_template", []))

@@ -31,10 +31,9 @@ import yaml
 
 from experiments.config import ConfigError, RunConfig
 from experiments.openrlhf.argv import build_command
-from experiments.openrlhf.data import count_rows
 from experiments.openrlhf.evaluate import STEP_DIR
 from experiments.openrlhf.metrics import rows_from_tensorboard
-from experiments.openrlhf.plan import FILTER_HEADROOM, eval_steps, rows_needed, train_data_path
+from experiments.openrlhf.plan import FILTER_HEADROOM, count_rows, eval_steps, rows_needed, train_data_path
 from experiments.openrlhf.toy import is_cpu_model
 from experiments.openrlhf.toy import prepare as prepare_cpu_model
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl

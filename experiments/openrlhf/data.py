@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.openrlhf.plan import rows_needed
 from experiments.rundir import REPO_ROOT, atomic_write_text
 from nsr.registry import Registry
 
@@ -129,15 +130,9 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def count_rows(path: str | Path) -> int:
-    with open(path) as f:
-        return sum(1 for line in f if line.strip())
-
-
 def preset_rows() -> int:
     """The most prompt rows any cluster preset may draw (experiments.openrlhf.plan.rows_needed)."""
     from experiments.config import load_config
-    from experiments.openrlhf.plan import rows_needed
 
     presets = sorted((REPO_ROOT / "sweeps" / "presets").glob("*.yaml"))
     cfgs = [load_config(p) for p in presets]

@@ -32,7 +32,6 @@ from pathlib import Path
 import yaml
 
 from experiments.config import RunConfig
-from experiments.openrlhf.data import count_rows
 from experiments.rundir import REPO_ROOT
 
 FILTER_HEADROOM = 3
@@ -82,6 +81,12 @@ class RunPlan:
     model_local: bool
     disk_peak_gb: float | None
     disk_kept_gb: float | None
+
+
+def count_rows(path: str | Path) -> int:
+    """Rows of a prompt JSONL file (non-empty lines)."""
+    with open(path) as f:
+        return sum(1 for line in f if line.strip())
 
 
 def rows_needed(cfg: RunConfig) -> int:
@@ -189,7 +194,7 @@ def _specs(args) -> list[tuple[RunConfig, str, str | None]]:
     from experiments.config import load_config
 
     if args.sweep:
-        from sweeps import expand
+        from experiments.sweep import expand
 
         return [(s.config, s.run_id, s.meta.get("preset")) for s in expand(args.sweep, preset=args.preset)]
     cfg = load_config(args.config, args.overrides)

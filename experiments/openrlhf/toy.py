@@ -30,8 +30,8 @@ import shutil
 from pathlib import Path
 
 from experiments.config import RunConfig
-from experiments.openrlhf.data import count_rows, repeat_shuffled, write_jsonl
-from experiments.openrlhf.plan import rows_needed, train_data_path
+from experiments.openrlhf.data import repeat_shuffled, write_jsonl
+from experiments.openrlhf.plan import count_rows, rows_needed, train_data_path
 from experiments.rundir import REPO_ROOT
 
 CPU_MODELS = ("cpu-tiny-qwen2",)

@@ -29,35 +29,3 @@ def set_threads() -> int:
         raise ValueError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer")
     torch.set_num_threads(n)
     return n
-
-
-def check_config(cfg) -> None:
-    """Tiny-backend checks of a RunConfig, run at its construction (before any run folder exists).
-
-    Raises ConfigError naming the key and the allowed values.
-    """
-    from experiments.config import check_field
-    from experiments.tiny.model import MODELS
-    from experiments.tiny.task import TASKS
-
-    samples = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-    minibatches = cfg.train.minibatches
-    allowed = f"a divisor of prompts_per_step x samples_per_prompt = {samples}"
-    check_field("train", "minibatches", samples % minibatches == 0, allowed, minibatches)
-    check_field("model", "name", cfg.model.name in MODELS, ", ".join(MODELS), cfg.model.name)
-    check_field("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
-    check_task_fits(cfg, TASKS[cfg.task.name])
-
-
-def check_task_fits(cfg, task) -> None:
-    """The answers and held-out split of a tiny task fit the config (tiny and trl-tiny backends share this)."""
-    from experiments.config import check_field
-    from experiments.tiny.task import N_POSITIONS
-
-    new = cfg.rollout.max_new_tokens
-    allowed = f">= {task.answer_len} (a correct {task.name} answer and its EOS)"
-    check_field("rollout", "max_new_tokens", new >= task.answer_len, allowed, new)
-    allowed = f"<= {N_POSITIONS - task.prompt_len} (the tiny model's context)"
-    check_field("rollout", "max_new_tokens", task.prompt_len + new <= N_POSITIONS, allowed, new)
-    allowed = f"<= {task.n_eval} (the held-out split of {task.name})"
-    check_field("eval", "n_prompts", cfg.eval.n_prompts <= task.n_eval, allowed, cfg.eval.n_prompts)

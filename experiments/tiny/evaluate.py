@@ -11,8 +11,8 @@ import torch
 
 from experiments.config import RunConfig
 from experiments.tiny.model import generate
-from experiments.tiny.rng import generator
 from experiments.tiny.task import Task
+from nsr.seeds import generator
 
 
 def evaluate(model: torch.nn.Module, task: Task, cfg: RunConfig, step: int) -> list[dict]:
@@ -27,32 +27,29 @@ def evaluate(model: torch.nn.Module, task: Task, cfg: RunConfig, step: int) -> l
     prompts = task.prompts(ids)
     max_new = cfg.rollout.max_new_tokens
     rows: list[dict] = []
-
-    def add(decoding: str, pids: torch.Tensor, samples: torch.Tensor, comps: torch.Tensor) -> None:
-        correct = task.rewards(pids, comps).long().tolist()
-        for pid, k, c in zip(pids.tolist(), samples.tolist(), correct):
-            rows.append(
-                {
-                    "step": step,
-                    "benchmark": task.name,
-                    "problem_id": pid,
-                    "decoding": decoding,
-                    "sample": k,
-                    "correct": c,
-                }
-            )
-
     model.eval()
     if e.greedy:
         comps = generate(model, prompts, max_new, greedy=True)
-        add("greedy", ids, torch.zeros_like(ids), comps)
+        rows += eval_rows(task, step, "greedy", ids, comps)
     if e.n_samples:
         k = e.n_samples
         comps = generate(
             model, prompts.repeat_interleave(k, 0), max_new, e.temperature, generator(e.seed, step, "eval")
         )
-        add("sampled", ids.repeat_interleave(k), torch.arange(k).repeat(len(ids)), comps)
+        rows += eval_rows(task, step, "sampled", ids, comps, k)
     return rows
+
+
+def eval_rows(task: Task, step: int, decoding: str, ids: torch.Tensor, comps: torch.Tensor, k: int = 1) -> list[dict]:
+    """The eval.jsonl rows of one decoding: ``comps`` holds ``k`` completions of each problem of ``ids`` in a row
+    (prompts repeated with ``repeat_interleave``), sample numbers 0 .. k - 1 (greedy: k = 1, sample 0)."""
+    pids = ids.repeat_interleave(k) if k > 1 else ids
+    samples = torch.arange(k).repeat(len(ids))
+    correct = task.rewards(pids, comps).long().tolist()
+    return [
+        {"step": step, "benchmark": task.name, "problem_id": pid, "decoding": decoding, "sample": j, "correct": c}
+        for pid, j, c in zip(pids.tolist(), samples.tolist(), correct)
+    ]
 
 
 def summary(rows: list[dict]) -> dict[str, float]:

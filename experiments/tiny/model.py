@@ -8,12 +8,15 @@ measured (README, "CPU testbed") it makes the transformers rollout faster than a
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from experiments.config import ModelConfig
 from experiments.tiny.task import EOS, N_POSITIONS, VOCAB_SIZE
 from nsr.registry import Registry
+
+if TYPE_CHECKING:  # annotations only: config validation imports this module
+    from experiments.config import ModelConfig
 
 INIT_STD = 0.02  # GPT-2's initializer_range
 
@@ -57,8 +60,20 @@ def tiny_gpt2(mcfg: ModelConfig, generator: torch.Generator) -> torch.nn.Module:
     return model
 
 
+def lm_head_grad_norm(model: torch.nn.Module) -> float:
+    """L2 norm of the output projection's gradient (the tied embedding matrix in the tiny GPT-2); 0 if none."""
+    grad = model.get_output_embeddings().weight.grad
+    return 0.0 if grad is None else float(torch.linalg.vector_norm(grad.float()))
+
+
 def build_model(mcfg: ModelConfig, generator: torch.Generator) -> torch.nn.Module:
     return MODELS[mcfg.name](mcfg, generator)
+
+
+def float_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Logits as float32 for sampling and log-probs; float64 ones stay float64 (the tests' float64 switch: a model
+    moved to float64 computes in float64 throughout; a float32 model is unchanged)."""
+    return logits if logits.dtype == torch.float64 else logits.float()
 
 
 def response_mask(completions: torch.Tensor) -> torch.Tensor:
@@ -92,7 +107,7 @@ def generate(
     past, inp = None, prompts
     for t in range(max_new_tokens):
         res = model(input_ids=inp, past_key_values=past, use_cache=True)
-        past, logits = res.past_key_values, res.logits[:, -1].float()
+        past, logits = res.past_key_values, float_logits(res.logits[:, -1])
         if greedy:
             nxt = logits.argmax(-1)
         else:
@@ -123,7 +138,7 @@ def logprobs(
     """
     p = prompts.shape[1]
     seq = torch.cat([prompts, completions[:, :-1]], 1)
-    logits = model(input_ids=seq, use_cache=False).logits[:, p - 1 :].float()
+    logits = float_logits(model(input_ids=seq, use_cache=False).logits[:, p - 1 :])
     if temperature != 1.0:
         logits = logits / temperature
     logz = torch.log_softmax(logits, -1)

@@ -25,8 +25,8 @@ from experiments.config import ConfigError, load_config
 from experiments.rundir import RunDir
 from experiments.tiny import set_threads
 from experiments.tiny.model import build_model, generate
-from experiments.tiny.rng import generator
 from experiments.tiny.task import OUTCOMES, Task, decode, get_task
+from nsr.seeds import generator
 
 
 def outcomes(

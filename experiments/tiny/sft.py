@@ -1,4 +1,4 @@
-"""Supervised warm start of the tiny policy, cached by the hash of its config (model + sft + task sections).
+"""Supervised warm start of the tiny policy, cached by the hash of what it depends on (model + sft sections, task name).
 
 Every RL run (any rule, any seed) of the same model/sft/task starts from the same cached checkpoint,
 ``<cache>/sft/<key>.pt`` with ``<cache>`` = $NSR_CACHE_DIR or ``cache/`` at the repo root. The file is written
@@ -11,6 +11,7 @@ atomically (temp file + os.replace) under a file lock, so two jobs that need it 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,8 +28,8 @@ from tqdm import tqdm
 from experiments.config import RunConfig
 from experiments.rundir import REPO_ROOT, atomic_path
 from experiments.tiny.model import build_model
-from experiments.tiny.rng import generator
 from experiments.tiny.task import get_task
+from nsr.seeds import generator
 
 SFT_VERSION = 1
 """Bump when the warm-start code changes its numbers, so stale caches are not reused."""
@@ -40,8 +41,10 @@ def cache_dir() -> Path:
 
 
 def sft_sections(cfg: RunConfig) -> dict:
-    d = cfg.to_dict()
-    return {"version": SFT_VERSION, "model": d["model"], "sft": d["sft"], "task": d["task"]}
+    """What the warm start depends on: the model and sft sections and the task's name."""
+    d = {"model": cfg.model, "sft": cfg.sft}
+    plain = {k: {f.name: getattr(v, f.name) for f in dataclasses.fields(v)} for k, v in d.items()}
+    return {"version": SFT_VERSION, **plain, "task": {"name": cfg.task.name}}
 
 
 def sft_key(cfg: RunConfig) -> str:
@@ -90,9 +93,33 @@ def train_sft(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
     return model.state_dict(), info
 
 
+def weights_sha256(state: dict) -> str:
+    """sha256 over a state dict's tensors (names, dtypes, shapes and raw bytes, in name order): the identity of a warm
+    start's weights, whatever file, host or build time it came with."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def committed_dir() -> Path | None:
+    """Committed warm starts, used before the cache: ``results/warm_starts/<key>.pt`` ($NSR_WARM_STARTS names another
+    folder; set empty, none). Runs that read one start from the same weights on any machine."""
+    raw = os.environ.get("NSR_WARM_STARTS")
+    if raw is None:
+        return REPO_ROOT / "results" / "warm_starts"
+    return Path(raw) if raw else None
+
+
 def warm_start(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
-    """(state_dict, info) of the cached warm start of ``cfg``, building it first if it is missing."""
-    path = sft_path(cfg)
+    """(state_dict, info) of the warm start of ``cfg``: the committed one if there is one, else the cached one, built
+    first if it is missing. ``info["sha256"]`` is :func:`weights_sha256` of the state and ``info["source"]`` says
+    which file it came from (committed / cache)."""
+    store = committed_dir()
+    committed = store / f"{sft_key(cfg)}.pt" if store is not None else None
+    path = committed if committed is not None and committed.is_file() else sft_path(cfg)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(path.with_suffix(".lock")):  # blocks while another job builds the same warm start
@@ -101,15 +128,35 @@ def warm_start(cfg: RunConfig, progress: bool = False) -> tuple[dict, dict]:
                 with atomic_path(path) as tmp:
                     torch.save({"state_dict": state, "info": info}, tmp)
     blob = torch.load(path, weights_only=True)
-    return blob["state_dict"], blob["info"]
+    info = {**blob["info"], "key": sft_key(cfg), "sha256": weights_sha256(blob["state_dict"])}
+    info["source"] = "committed" if path == committed else "cache"
+    return blob["state_dict"], info
 
 
-def warm_policy(cfg: RunConfig, progress: bool = False) -> torch.nn.Module:
-    """The policy at the warm start of ``cfg``: the model built as SFT built it, with the cached weights loaded."""
-    state, _ = warm_start(cfg, progress)
+def record_warm_start(rd, cfg: RunConfig, info: dict) -> None:
+    """Write the warm start a run starts from into its config.yaml (``meta.warm_start``: key and weights sha256), so
+    the analysis pairs only runs that start from the same weights."""
+    rd.update_meta(warm_start={"key": sft_key(cfg), "sha256": info["sha256"]})
+
+
+def check_resume_weights(started: str | None, info: dict, where) -> None:
+    """RuntimeError unless a resumed run finds the warm start it started from (``started``: the sha256 its checkpoint
+    recorded; None for a checkpoint that recorded none). A warm start rebuilt on another CPU differs."""
+    if started is not None and started != info["sha256"]:
+        raise RuntimeError(
+            f"{where}: this run started from warm start {started[:16]} and this machine's is {info['sha256'][:16]} "
+            f"(a warm start built on another CPU differs); resume it where it started, or commit its warm start as "
+            f"results/warm_starts/{info['key']}.pt"
+        )
+
+
+def warm_policy(cfg: RunConfig, progress: bool = False, with_info: bool = False):
+    """The policy at the warm start of ``cfg``: the model built as SFT built it, with the warm start's weights loaded
+    (and, with ``with_info``, the warm start's info: key, sha256, source)."""
+    state, info = warm_start(cfg, progress)
     model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
     model.load_state_dict(state)
-    return model
+    return (model, info) if with_info else model
 
 
 def main(argv: list[str] | None = None) -> int:

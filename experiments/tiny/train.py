@@ -10,8 +10,10 @@ the step's updates); eval.jsonl at step 0, every eval.every steps and at the las
 
 Options from the related literature (docs/method.md, "Related methods"): ``reward.source`` trains on a label-free
 reward instead of the verifier's (experiments/tiny/rewards.py; the verifier's reward is still logged as
-reward_mean), and ``train.dgg`` gates updates whose lm_head gradient norm surges (experiments/tiny/dgg.py; logged as
-dgg_gated, the step's gated updates, and lm_head_grad_norm, their mean norm before clipping).
+reward_mean), and ``train.dgg`` gates updates whose lm_head gradient norm surges (nsr.gating: k x the running median
+of the norm, the first update of each rollout never gated; the norm is that of the tied embedding matrix's gradient,
+before clipping). A gated update skips ``optimizer.step()``, so it changes neither the weights nor Adam's state.
+Logged as dgg_gated, the step's gated updates, and lm_head_grad_norm, their mean norm before clipping.
 
 Resumable: a checkpoint (model + optimizer, replaced atomically) every logging.checkpoint_every steps; every random
 draw comes from a generator derived from (seed, step, purpose), so a resumed run ends with exactly the rows of an
@@ -30,13 +32,13 @@ import nsr
 from experiments.config import RunConfig
 from experiments.rundir import RunDir, atomic_path
 from experiments.tiny import set_threads
-from experiments.tiny.dgg import GradientGate, lm_head_grad_norm
 from experiments.tiny.evaluate import evaluate, summary
-from experiments.tiny.model import generate, logprobs, response_mask
+from experiments.tiny.model import generate, lm_head_grad_norm, logprobs, response_mask
 from experiments.tiny.rewards import train_rewards
-from experiments.tiny.rng import generator
-from experiments.tiny.sft import sft_key, warm_policy
+from experiments.tiny.sft import check_resume_weights, record_warm_start, sft_key, warm_policy
 from experiments.tiny.task import Task, get_task
+from nsr.gating import GradientGate
+from nsr.seeds import generator
 
 LOSS_METRICS = {"approx_kl": "ppo_kl"}
 _LOSS_ORDER = ("approx_kl", *(k for k in nsr.METRIC_KEYS if k != "approx_kl"))  # the order metrics.jsonl has
@@ -96,37 +98,82 @@ def rl_step(
             loss = pg_loss
             if tr.entropy_coef > 0:
                 loss = loss - tr.entropy_coef * nsr.aggregate(mb_ent, m, tr.agg_mode)
+            kl = None
             if ref_logp is not None and tr.kl_coef > 0:
                 d = ref_logp[mb] - logp  # k3 estimator of KL(pi || pi_ref), OpenRLHF's default for GRPO
                 kl = nsr.aggregate(d.exp() - d - 1, m, tr.agg_mode)
                 loss = loss + tr.kl_coef * kl
-                _add(acc, "ref_kl", kl.item())
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            gated = False
+            gated = head_norm = None
             if gate is not None:  # DGG: the tied output matrix's gradient, before clipping
                 head_norm = lm_head_grad_norm(model)
                 gated = gate.gate(head_norm, first=update == 0)
-                _add(acc, "lm_head_grad_norm", head_norm)
-                _add(acc, "dgg_gated", float(gated))
             update += 1
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
             if not gated:  # a gated update leaves weights and optimizer state as they were
                 opt.step()
+            ratio_out = None
             if bins is not None:  # token ratios outside the region, either side (clipped or not)
                 out = (r[m] < cfg.loss.low) | (r[m] > cfg.loss.high)  # the clamp cannot move r across a bound
-                _add(acc, "ratio_out_frac", out.float().mean().item())
-            _add(acc, "policy_loss", pg_loss.item())
-            _add(acc, "grad_norm", grad_norm.item())
-            _add(acc, "grad_clipped_frac", float(grad_norm.item() > tr.grad_clip))  # share of updates grad-clipped
-            for k in nsr.METRIC_KEYS:
-                per_update[k].append(met[k].item())
-    updates = tr.epochs * tr.minibatches
-    if gate is not None:
+                ratio_out = out.float().mean().item()
+            record_update(
+                acc,
+                per_update,
+                {k: met[k].item() for k in nsr.METRIC_KEYS},
+                policy_loss=pg_loss.item(),
+                grad_norm=grad_norm.item(),
+                grad_clip=tr.grad_clip,
+                ref_kl=None if kl is None else kl.item(),
+                head_norm=head_norm,
+                gated=gated,
+                ratio_out=ratio_out,
+            )
+    row = step_row(step, cfg, rewards, trained, adv, comps, mask, ent, acc, per_update, reward_logs)
+    return row, None if bins is None else bins.row(step)
+
+
+def record_update(
+    acc: dict,
+    per_update: dict,
+    met: dict[str, float],
+    *,
+    policy_loss: float,
+    grad_norm: float,
+    grad_clip: float,
+    ref_kl: float | None = None,
+    head_norm: float | None = None,
+    gated: bool | None = None,
+    ratio_out: float | None = None,
+) -> None:
+    """Add one update's numbers to a step's accumulators (``acc``: sums over updates, in the order metrics.jsonl
+    lists them; ``per_update``: nsr.policy_loss's metrics, reduced by nsr.METRIC_REDUCE). Both trainers (this one
+    and experiments/tiny/batched.py) record through here, so their rows have one definition."""
+    if ref_kl is not None:
+        _add(acc, "ref_kl", ref_kl)
+    if head_norm is not None:  # DGG
+        _add(acc, "lm_head_grad_norm", head_norm)
+        _add(acc, "dgg_gated", float(gated))
+    if ratio_out is not None:
+        _add(acc, "ratio_out_frac", ratio_out)
+    _add(acc, "policy_loss", policy_loss)
+    _add(acc, "grad_norm", grad_norm)
+    _add(acc, "grad_clipped_frac", float(grad_norm > grad_clip))  # share of updates grad-clipped
+    for k in nsr.METRIC_KEYS:
+        per_update[k].append(met[k])
+
+
+def step_row(step, cfg, rewards, trained, adv, comps, mask, ent, acc, per_update, reward_logs) -> dict:
+    """The metrics.jsonl row of one RL step of one run (without wall_s), from its rollout (rewards, the reward
+    trained on, advantages, completions, mask, entropy: tensors over its P x G samples) and its accumulators
+    (:func:`record_update`)."""
+    P, G = cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt
+    updates = cfg.train.epochs * cfg.train.minibatches
+    if "dgg_gated" in acc:
         acc["dgg_gated"] *= updates  # a count per step, not a mean
     grouped = trained.view(P, G)  # the reward trained on: groups with a signal
     distinct = sum(len(set(map(tuple, c.tolist()))) for c in comps.view(P, G, -1)) / (P * G)
-    row = {
+    return {
         "step": step,
         "reward_mean": rewards.mean().item(),
         "entropy": (ent[mask].mean()).item(),
@@ -138,7 +185,6 @@ def rl_step(
         "distinct_frac": distinct,
         **reward_logs,
     }
-    return row, None if bins is None else bins.row(step)
 
 
 class RatioBins:
@@ -158,9 +204,11 @@ class RatioBins:
         shape = (2, 3, self.N_BINS + 1)  # side (pos, neg) x (clipped, rescued, weight) x bin
         self.acc = torch.zeros(shape, dtype=torch.float64)
 
-    def add(self, loss_tok, logp, r, adv, mask) -> None:
-        """One minibatch: ``r`` the token ratios exp(clamp(logp - old, -20, 20)), detached."""
-        (grad,) = torch.autograd.grad(loss_tok.sum(), logp, retain_graph=True)  # d loss_t / d log pi_t, exact
+    def add(self, loss_tok, logp, r, adv, mask, grad: torch.Tensor | None = None) -> None:
+        """One minibatch: ``r`` the token ratios exp(clamp(logp - old, -20, 20)), detached. ``grad``: d loss_t /
+        d log pi_t if the caller has it (the batched trainer takes it for all runs at once), else taken here."""
+        if grad is None:
+            (grad,) = torch.autograd.grad(loss_tok.sum(), logp, retain_graph=True)  # d loss_t / d log pi_t, exact
         with torch.no_grad():
             adv = adv.reshape(len(adv), -1).expand_as(logp)  # one advantage per response, over its tokens
             clipped = mask & nsr.theory.is_clipped(r, adv, self.cfg)
@@ -190,25 +238,50 @@ def _add(acc: dict, key: str, value: float) -> None:
     acc[key] = acc.get(key, 0.0) + value
 
 
-def _save_checkpoint(rd: RunDir, step: int, model, opt, cfg: RunConfig, gate: GradientGate | None) -> None:
-    state = {"step": step, "run_hash": cfg.run_hash(), "model": model.state_dict(), "optimizer": opt.state_dict()}
+def save_checkpoint(rd: RunDir, step: int, cfg: RunConfig, model: dict, optimizer: dict, gate, ws: str) -> None:
+    """checkpoint.pt of a run at ``step``: its model (an HF state dict), its AdamW state dict, the DGG window and the
+    sha256 of the warm start it started from; replaced atomically. One format for both trainers."""
+    state = {"step": step, "run_hash": cfg.run_hash(), "model": model, "optimizer": optimizer}
+    state["warm_start"] = ws  # the sha256 of the weights the run started from
     if gate is not None:
         state["dgg"] = gate.state_dict()
     with atomic_path(rd.checkpoint_path) as tmp:
         torch.save(state, tmp)
 
 
-def _eval_due(cfg: RunConfig, step: int) -> bool:
+def load_checkpoint(rd: RunDir, cfg: RunConfig, info: dict) -> dict:
+    """The checkpoint a run resumes from, checked: RuntimeError if it belongs to another run or started from other
+    warm-start weights (:func:`check_resume_weights`)."""
+    ck = torch.load(rd.checkpoint_path, weights_only=True)
+    if ck["run_hash"] != cfg.run_hash():
+        raise RuntimeError(f"{rd.checkpoint_path} belongs to run {ck['run_hash']}, not {cfg.run_hash()}")
+    check_resume_weights(ck.get("warm_start"), info, rd.path)
+    return ck
+
+
+def eval_due(cfg: RunConfig, step: int) -> bool:
     every = cfg.eval.every
     return step == cfg.train.steps or (every > 0 and step % every == 0)
 
 
-def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
-    """Run ``cfg`` on the tiny backend into ``rd``, resuming from ``rd.checkpoint_path`` if it exists."""
+def checkpoint_due(cfg: RunConfig, step: int) -> bool:
+    every, last = cfg.logging.checkpoint_every, cfg.train.steps
+    return bool(every and step % every == 0 and step < last) or (step == last and cfg.logging.keep_checkpoint)
+
+
+def train(cfg: RunConfig, rd: RunDir, progress: bool = True, *, dtype: torch.dtype | None = None) -> None:
+    """Run ``cfg`` on the tiny backend into ``rd``, resuming from ``rd.checkpoint_path`` if it exists.
+
+    ``dtype``: tests only (None = float32, what every run uses): float64 for the engine-equivalence test of the
+    batched trainer (tests/test_batched.py)."""
     set_threads()
     progress = progress and cfg.logging.progress
     task = get_task(cfg.task.name)
-    model = warm_policy(cfg, progress=progress)
+    model, info = warm_policy(cfg, progress=progress, with_info=True)
+    if dtype is not None:
+        model.to(dtype)
+    if rd.config_path.exists():  # experiments.run wrote it; a bare train() into a folder records nothing
+        record_warm_start(rd, cfg, info)
     ref = None
     if cfg.train.kl_coef > 0:
         ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -218,9 +291,7 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
 
     start = 0
     if rd.checkpoint_path.exists():
-        ck = torch.load(rd.checkpoint_path, weights_only=True)
-        if ck["run_hash"] != cfg.run_hash():
-            raise RuntimeError(f"{rd.checkpoint_path} belongs to run {ck['run_hash']}, not {cfg.run_hash()}")
+        ck = load_checkpoint(rd, cfg, info)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         if gate is not None:
@@ -246,13 +317,12 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
             "ent": f"{row['entropy']:.2f}",
             "clip": f"{row['clip_frac']:.3f}",
         }
-        if _eval_due(cfg, step):
+        if eval_due(cfg, step):
             rows = evaluate(model, task, cfg, step)
             rd.append("eval.jsonl", rows)
             post.update({f"eval_{k}": f"{v:.2f}" for k, v in summary(rows).items()})
-        every = cfg.logging.checkpoint_every
-        if (every and step % every == 0 and step < tr.steps) or (step == tr.steps and cfg.logging.keep_checkpoint):
-            _save_checkpoint(rd, step, model, opt, cfg, gate)
+        if checkpoint_due(cfg, step):
+            save_checkpoint(rd, step, cfg, model.state_dict(), opt.state_dict(), gate, info["sha256"])
         bar.set_postfix(post, refresh=False)
         bar.update(1)
     bar.close()

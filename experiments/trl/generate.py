@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from experiments.tiny.rng import derive_seed
+from nsr.seeds import derive_seed
 
 EVAL_BATCH = 16
 """Prompts per generate call."""

@@ -2,20 +2,23 @@
 
 ``tiny-qwen2`` is a transformers ``Qwen2ForCausalLM`` at toy size built in code (no hub), on the tiny testbed's
 16-token vocabulary (experiments/tiny/task.py), so the testbed's SFT warm start (experiments/tiny/sft.py, cached by
-the hash of the model + sft + task sections) trains it unchanged: importing this module registers the builder in
-the testbed's model registry. The tokenizer maps each character to the testbed's token id and EOS to 15 (also the
-pad token), so TRL's prompts, completions and masks are the testbed's.
+the hash of the model and sft sections and the task name) trains it unchanged: importing this module registers the
+builder in the testbed's model registry. The tokenizer maps each character to the testbed's token id and EOS to 15
+(also the pad token), so TRL's prompts, completions and masks are the testbed's.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from experiments.config import ModelConfig
 from experiments.tiny.model import INIT_STD, MODELS
 from experiments.tiny.task import CHARS, EOS, N_POSITIONS, VOCAB_SIZE, Task, decode
+
+if TYPE_CHECKING:  # annotations only: config validation imports this module
+    from experiments.config import ModelConfig
 
 EOS_TEXT = "<eos>"
 

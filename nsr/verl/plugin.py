@@ -21,15 +21,19 @@ Registration reaches every process that builds the actor config: hydra imports t
 ``VERL_USE_EXTERNAL_MODULES=nsr.verl`` (read by ``import verl`` in every process) does the same without ``_target_``.
 Rules added to ``nsr.RULES`` later become modes the same way: :func:`register` walks the registry when called.
 
+Large ratios: ``nsr.policy_loss`` clamps log r at +-``nsr.LOG_RATIO_CLAMP`` (20) as verl's token-level modes
+(vanilla, sapo, cispo) do, so ``nsr:hard`` equals ``vanilla`` at any ratio (tests/test_verl.py pins |log r| = 50).
+verl's gspo clamps its sequence log-ratio at +10 instead; ``nsr:<rule>`` at level sequence keeps the +-20 clamp.
+
 Metrics, under verl's names where the meaning is the same: ``actor/pg_clipfrac`` (tokens the trust region clipped,
-either side), ``actor/ppo_kl`` (mean old - new log-prob), ``actor/pg_clipfrac_lower`` (verl's meaning: the dual-clip
-fraction, A < 0 and r > clip_ratio_c); and every ``nsr.METRIC_KEYS`` value as ``actor/nsr_<key>``. Values are
-detached 0-dim tensors (verl's ``Metric`` turns them into floats when it aggregates).
+either side), ``actor/ppo_kl`` (mean of old - new log-prob, with verl's clamp: +-20 at token level as vanilla,
+unclamped at sequence level as gspo), ``actor/pg_clipfrac_lower`` (verl's meaning: the dual-clip fraction, A < 0 and
+r > clip_ratio_c); and every ``nsr.METRIC_KEYS`` value as ``actor/nsr_<key>`` (``actor/nsr_approx_kl`` unclamped).
+Values are detached 0-dim tensors (verl's ``Metric`` turns them into floats when it aggregates).
 """
 
 from __future__ import annotations
 
-import hashlib
 import typing
 from dataclasses import field, fields, make_dataclass
 from typing import Optional
@@ -39,6 +43,7 @@ from verl.trainer.ppo import core_algos
 from verl.workers.config import PolicyLossConfig
 
 import nsr
+from nsr.seeds import generator
 
 PREFIX = "nsr:"
 """Loss modes are ``nsr:<rule>``: verl's own names are identifiers, so none of them can start with this."""
@@ -136,15 +141,20 @@ _GENERATORS: dict[tuple[int, int, str], torch.Generator] = {}
 
 
 def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
-    """One generator per (seed, DP rank, device) for this process's lifetime; None when no seed is set."""
+    """One generator per (seed, DP rank, device) for this process's lifetime, seeded by ``nsr.seeds`` from
+    ("verl-loss", seed, rank); None when no seed is set."""
     if seed is None:
         return None
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     key = (seed, rank, str(device))
     if key not in _GENERATORS:
-        digest = hashlib.sha256(repr(("verl-loss", seed, rank)).encode()).digest()
-        _GENERATORS[key] = torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        _GENERATORS[key] = generator("verl-loss", seed, rank, device=device)
     return _GENERATORS[key]
+
+
+def _clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    """verl's clamped log-ratio (vanilla, sapo, cispo, dppo: clamp(log_prob - old_log_prob, -20, 20)), detached."""
+    return (log_prob - old_log_prob).detach().clamp(-nsr.LOG_RATIO_CLAMP, nsr.LOG_RATIO_CLAMP)
 
 
 def policy_loss(
@@ -173,16 +183,19 @@ def policy_loss(
     pg_loss = core_algos.agg_loss(
         loss_mat=loss_tok, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info
     )
-    if cfg.dual_clip is not None:  # verl's pg_clipfrac_lower: the dual-clip fraction
-        with torch.no_grad():
-            ratio = torch.exp((log_prob - old_log_prob).clamp(-20.0, 20.0))
-            dual = (advantages < 0) & (ratio > cfg.dual_clip) & mask
-            dual_frac = dual.sum() / mask.sum().clamp(min=1)
-    else:
-        dual_frac = torch.zeros((), device=log_prob.device)
+    with torch.no_grad():
+        log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
+        valid = mask.sum().clamp(min=1)
+        if cfg.dual_clip is not None:  # verl's pg_clipfrac_lower: the dual-clip fraction
+            dual_frac = ((advantages < 0) & (log_ratio.exp() > cfg.dual_clip) & mask).sum() / valid
+        else:
+            dual_frac = torch.zeros((), device=log_prob.device)
+        # verl's ppo_kl: the masked mean of -log r, clamped as verl's token-level modes clamp it; verl's gspo (the
+        # sequence-level mode) leaves it unclamped, which is nsr's approx_kl
+        ppo_kl = -torch.where(mask, log_ratio, 0.0).sum() / valid if cfg.level == "token" else met["approx_kl"]
     metrics = {
         "actor/pg_clipfrac": met["clip_frac"].detach(),
-        "actor/ppo_kl": met["approx_kl"].detach(),
+        "actor/ppo_kl": ppo_kl.detach().to(met["approx_kl"].dtype),
         "actor/pg_clipfrac_lower": dual_frac.to(met["clip_frac"].dtype),
         **{f"actor/nsr_{k}": v.detach() for k, v in met.items()},
     }

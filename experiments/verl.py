@@ -1,10 +1,11 @@
 """Print the verl hydra overrides of a RunConfig's loss (a preset or a sweep's grid points), to append to a verl recipe.
 
-    python -m nsr.verl sweeps/presets/qwen2.5-math-7b-dapo.yaml loss.rule=nsr loss.delta=0.1
-    python -m nsr.verl --sweep sweeps/delta.yaml            # one line per grid point: run_id, then the overrides
+    python -m experiments.verl sweeps/presets/qwen2.5-math-7b-dapo.yaml loss.rule=nsr loss.delta=0.1
+    python -m experiments.verl --sweep sweeps/delta.yaml       # one line per grid point: run_id, then the overrides
 
 Only the loss section travels (rule, trust region, dual clip, the rule's parameters) and the seed of its draws; the
-recipe keeps its own model, data, batch sizes and schedule.
+recipe keeps its own model, data, batch sizes and schedule. This is the repo's harness around the plug-in (it reads
+RunConfigs and sweep files); a verl user needs only ``nsr.verl`` itself.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import argparse
 import shlex
 import sys
 
+from experiments.config import ConfigError, load_config
+from experiments.sweep import expand
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nsr.verl", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.verl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("config", nargs="?", help="a RunConfig YAML (e.g. sweeps/presets/qwen2.5-math-7b-dapo.yaml)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. loss.rule=nsr")
@@ -23,13 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", help="with --sweep: replace the sweep's preset")
     args = p.parse_args(argv)
 
-    from experiments.config import ConfigError, load_config
-    from nsr.verl import recipe_overrides
+    from nsr.verl import recipe_overrides  # imports verl: only when run
 
     try:
         if args.sweep:
-            from sweeps import expand
-
             runs = [(s.run_id, s.config) for s in expand(args.sweep, preset=args.preset)]
         elif args.config:
             runs = [(None, load_config(args.config, args.overrides))]

@@ -1,8 +1,8 @@
 """Time NSRPolicyLoss against OpenRLHF 0.11.2's PolicyLoss, forward + backward, at cluster size on a GPU.
 
-    python -m nsr.openrlhf.bench_gpu                                  # 512 x 8192 tokens, bf16, CUDA
-    python -m nsr.openrlhf.bench_gpu --rules hard nsr soft pushout --repeats 50 --json out.json
-    python -m nsr.openrlhf.bench_gpu --device cpu --B 4 --T 64 --dtype float32 --repeats 3   # smoke run
+    python -m experiments.openrlhf.bench_gpu                                  # 512 x 8192 tokens, bf16, CUDA
+    python -m experiments.openrlhf.bench_gpu --rules hard nsr soft pushout --repeats 50 --json out.json
+    python -m experiments.openrlhf.bench_gpu --device cpu --B 4 --T 64 --dtype float32 --repeats 3   # smoke run
 
 Inputs as in training: a padded (B, T) mask (response lengths spread over [T/8, T]), one advantage per response
 (both signs and zeros), log-ratios spread so a few % of tokens are clipped. Each repeat runs every loss once in
@@ -101,7 +101,7 @@ def bench(B=512, T=8192, dtype="bfloat16", device="cuda", rules=("hard", "nsr", 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m nsr.openrlhf.bench_gpu",
+        prog="python -m experiments.openrlhf.bench_gpu",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,6 +1,6 @@
 """Sweep files: declarative grids, one per paper table or figure, expanded by a pure function into runs.
 
-    from sweeps import expand, resolve_run
+    from experiments.sweep import expand, resolve_run
     runs = expand("sweeps/delta.yaml", preset="tiny")      # list[RunSpec], every config validated
     spec = resolve_run("delta", "nsr-delta0.2-s0-3f2a9c1e")  # exactly the config the grid runs
 
@@ -21,10 +21,12 @@ Format (every key but ``arms`` or ``grid`` optional; dotted keys are RunConfig f
       hard: {loss.rule: hard}
       nsr: {loss.rule: nsr, grid: {loss.delta: [0.05, 0.2]}}
     seeds: [0, 1, 2]             # the preset's `preset: {max_seeds: N}` keeps the first N
+    tie: {sft.seed: seed}        # fields set to each run's seed (one warm start per seed: pairs share it)
     baseline: hard               # the arm the analysis pairs differences against
     status: ready                # default; `template` (placeholder values): --dry-run lists it, nothing runs it
 
-Run = preset < base < arm < (factor bundles, grid values) < seed, in that precedence. A key set by an arm must not
+Run = preset < base < arm < (factor bundles, grid values) < seed (and the fields ``tie`` sets to it), in that
+precedence. A key set by an arm must not
 also be an axis of that arm, and axes must not share keys (the value would be ambiguous); ``seed`` is set only by
 ``seeds``. Without ``arms`` there is one arm, ``default``.
 
@@ -51,11 +53,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.config import ConfigError, RunConfig, apply_overrides, from_dict, read_yaml, split_meta
+from experiments.config import ConfigError, RunConfig, apply_overrides, from_dict, split_meta
+from experiments.rundir import REPO_ROOT, RUNS_ROOT, RunDir, RunFolderError
+from experiments.yamlio import read_yaml
 
-SWEEPS_DIR = Path(__file__).resolve().parent
+SWEEPS_DIR = REPO_ROOT / "sweeps"
+"""The sweep files (data, not code: ``sweeps/*.yaml``) and their presets (``sweeps/presets/*.yaml``)."""
 PRESETS_DIR = SWEEPS_DIR / "presets"
-TOP_KEYS = ("name", "description", "preset", "base", "grid", "factors", "arms", "seeds", "baseline", "status")
+TOP_KEYS = ("name", "description", "preset", "base", "grid", "factors", "arms", "seeds", "tie", "baseline", "status")
+TIE_SOURCES = ("seed",)
+"""What a ``tie:`` entry may copy: today only the run's seed (``tie: {sft.seed: seed}``: one warm start per seed)."""
 STATUSES = ("ready", "template")
 """``status:`` of a sweep file: ready (default) runs; template (placeholder values, e.g. a confirmatory grid before
 the stage that sizes it) is listed by ``--dry-run`` but never run (:func:`check_ready`)."""
@@ -98,6 +105,8 @@ class Sweep:
     seeds: tuple[int, ...]
     baseline: str | None
     status: str = "ready"
+    tie: dict[str, str] = field(default_factory=dict)
+    """{dotted key: source}: the key takes each run's value of ``source`` (``seed``)."""
 
 
 # ---------------------------------------------------------------- paths
@@ -293,13 +302,22 @@ def load_sweep(sweep: str | Path) -> Sweep:
     ok = isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
     if not ok or len(set(seeds)) != len(seeds):
         raise SweepError(f"{path}: seeds={seeds!r} is not valid; allowed: a non-empty list of distinct integers")
+    tie = _mapping(path, "tie", data.get("tie"), "a mapping {dotted key: seed}")
+    for k, src in tie.items():
+        _check_key(path, "tie", k)
+        if src not in TIE_SOURCES:
+            raise SweepError(f"{path}: tie.{k}={src!r} is not valid; allowed: {', '.join(TIE_SOURCES)}")
+        setters = [w for w, v in [("base", base), *((f"arms.{a}", sp["set"]) for a, sp in arms.items())] if k in v]
+        setters += [f"arms.{a} (axis)" for a, sp in arms.items() if k in dict(_axis_keys(sp["grid"], sp["factors"]))]
+        if setters:
+            raise SweepError(f"{path}: tie.{k}: {k!r} is also set by {setters[0]}; allowed: set it in one place")
     baseline = data.get("baseline")
     if baseline is not None and baseline not in arms:
         raise SweepError(f"{path}: baseline={baseline!r} is not an arm; allowed: {', '.join(arms)}")
     status = data.get("status", "ready")
     if status not in STATUSES:
         raise SweepError(f"{path}: status={status!r} is not valid; allowed: {', '.join(STATUSES)}")
-    return Sweep(path, name, description, tuple(presets), base, arms, tuple(seeds), baseline, status)
+    return Sweep(path, name, description, tuple(presets), base, arms, tuple(seeds), baseline, status, dict(tie))
 
 
 def check_ready(sweep: str | Path | Sweep) -> None:
@@ -381,7 +399,7 @@ def expand(sweep: str | Path | Sweep, preset: str | None = None, presets_dir: Pa
 
 def _make_run(sw: Sweep, ppath: Path, body: dict, overrides: dict, point: dict, arm: str, seed: int, parts, pname):
     name = "-".join([*parts, f"s{seed}"])
-    overrides = {**overrides, "seed": seed}
+    overrides = {**overrides, "seed": seed, **{k: seed for k in sw.tie}}
     try:
         cfg = from_dict(apply_overrides(body, overrides))
     except ConfigError as e:
@@ -407,23 +425,41 @@ def _check_unique(path: Path, runs: list[RunSpec]) -> None:
         by_id[r.run_id], by_hash[h] = r, r
 
 
+def _folder_identity(sweep_name: str, run_id: str) -> str | None:
+    """The identity of the committed folder ``results/runs/<sweep>/<run_id>`` if there is one: its id may have been
+    made under an earlier identity rule, and it names the run of its config."""
+    folder = RUNS_ROOT / sweep_name / run_id
+    if not (folder / "config.yaml").is_file() or not _NAME.fullmatch(run_id):
+        return None
+    try:
+        return RunDir(folder).config_hash()
+    except RunFolderError:
+        return None
+
+
 def resolve_run(sweep: str | Path, run_id: str, preset: str | None = None, presets_dir: Path | None = None) -> RunSpec:
     """The RunSpec of ``run_id`` in a sweep, exactly as :func:`expand` makes it; SweepError if it is not there.
 
     Without ``preset``, the sweep's own preset is tried first, then every preset file (a run id ends in its config
-    hash, so an id from a ``--preset tiny`` grid resolves without naming the preset).
+    hash, so an id from a ``--preset tiny`` grid resolves without naming the preset). The id of a folder made under
+    an earlier identity rule (``results/runs/<sweep>/<id>/``) resolves to the run of its config.
     """
     runs = expand(sweep, preset=preset, presets_dir=presets_dir)
-    for r in runs:
-        if r.run_id == run_id:
-            return r
+    identity = _folder_identity(runs[0].sweep, run_id) if runs else None
+
+    def match(specs):
+        return [r for r in specs if r.run_id == run_id or (identity and r.config.run_hash() == identity)]
+
+    found = match(runs)
+    if found:
+        return found[0]
     if preset is None:
         tried = {r.meta["preset"] for r in runs}
         for other in available(Path(presets_dir) if presets_dir else PRESETS_DIR):
             if other in tried:
                 continue
             try:
-                found = [r for r in expand(sweep, preset=other, presets_dir=presets_dir) if r.run_id == run_id]
+                found = match(expand(sweep, preset=other, presets_dir=presets_dir))
             except SweepError:
                 continue
             if found:

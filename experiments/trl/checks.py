@@ -1,0 +1,41 @@
+"""trl-backend checks of a RunConfig, run at its construction (before any run folder exists). Each raises
+ConfigError naming the key and the allowed values."""
+
+from __future__ import annotations
+
+import experiments.trl.model  # noqa: F401  registers tiny-qwen2 with the testbed's models (its SFT builds it)
+from experiments.checks import check_field
+from experiments.tiny.checks import check_task_fits
+from experiments.tiny.task import TASKS as TINY_TASKS
+
+TINY_MODELS = ("tiny-qwen2",)
+"""Models built in code on the tiny testbed's vocabulary; any other model.name is a HF model id or local path."""
+TASKS = ("countdown3", "add3", "math")
+
+
+def check_config(cfg) -> None:
+    """trl-backend checks of a RunConfig, run at its construction (before any run folder exists).
+
+    Raises ConfigError naming the key and the allowed values.
+    """
+    ro, tr = cfg.rollout, cfg.train
+    tiny = cfg.model.name in TINY_MODELS
+    check_field("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
+    if tiny or cfg.task.name != "math":
+        allowed = f"{', '.join(TINY_MODELS)} with task countdown3 / add3; a HF model with task math"
+        check_field("model", "name", tiny and cfg.task.name != "math", allowed, cfg.model.name)
+        check_task_fits(cfg, TINY_TASKS[cfg.task.name])
+    else:
+        check_field("task", "train_data", bool(cfg.task.train_data), "a prompt JSONL (experiments.openrlhf.data)", "")
+    samples = ro.prompts_per_step * ro.samples_per_prompt
+    allowed = f"a divisor of prompts_per_step x samples_per_prompt = {samples}"
+    check_field("train", "minibatches", samples % tr.minibatches == 0, allowed, tr.minibatches)
+    per_step = samples // tr.minibatches
+    micro = cfg.trl.micro_batch_size or per_step
+    allowed = f"0 or a divisor of the minibatch size {per_step} (samples / train.minibatches)"
+    check_field("trl", "micro_batch_size", per_step % micro == 0, allowed, cfg.trl.micro_batch_size)
+    allowed = "a number in (0, 1]"
+    check_field("trl", "vllm_gpu_memory_utilization", 0 < cfg.trl.vllm_gpu_memory_utilization <= 1, allowed,
+           cfg.trl.vllm_gpu_memory_utilization)  # fmt: skip
+    allowed = "false (DGG is an option of the tiny and openrlhf backends)"
+    check_field("train", "dgg", not cfg.train.dgg, allowed, cfg.train.dgg)
