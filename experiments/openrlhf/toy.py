@@ -36,7 +36,7 @@ from experiments.rundir import REPO_ROOT
 
 CPU_MODELS = ("cpu-tiny-qwen2",)
 """model.name values built here; each switches the run onto the CPU path."""
-BUILD_VERSION = 4
+BUILD_VERSION = 5
 """Bump when the build changes the model's numbers, so a stale cached model is not reused."""
 TRAIN_NAME, EVAL_NAME = "toy-math", "toy-math-eval"
 EOS_TEXT = "<|endoftext|>"
@@ -142,7 +142,7 @@ def build_model(cfg: RunConfig, tokenizer):
         num_key_value_heads=max(1, m.n_head // 2),
         max_position_embeddings=MAX_POSITIONS,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta(m.d_model // m.n_head)},
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,  # the CPU weight sync reloads untied models only (nsr/openrlhf/cpu_shim.py)
         bos_token_id=eos,
         eos_token_id=eos,
         pad_token_id=eos,

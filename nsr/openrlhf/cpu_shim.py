@@ -28,8 +28,15 @@ What reaches which process:
 flash_attn (imported at module top by OpenRLHF's ring-attention code, CUDA only) gets an import-only stand-in whose
 functions raise: the CPU preset needs ``packing_samples: false`` and eager attention, so none is called.
 
-Test only: with ``NSR_OPENRLHF_CPU_STALE_VLLM=1`` (:data:`STALE`) the actor skips the weight broadcast, so vLLM
-keeps the base model; the end-to-end test uses it to show that the weight-sync check can fail.
+Test only: with ``NSR_OPENRLHF_CPU_STALE_VLLM=<n>`` (:data:`STALE`) the actor skips its first ``n`` weight
+broadcasts, so vLLM generates with the base model until sync n + 1 sends it the whole current policy; the end-to-end
+test uses it to show that the weight-sync check fails on a stale engine, and passes again once the sync resumes. With
+``NSR_OPENRLHF_CPU_RAW_LOGPROBS=1`` (:data:`RAW_LOGPROBS`, test only) vLLM returns the model's raw log-probs instead of
+the ``processed_logprobs`` OpenRLHF asks for with IS correction (cli/train_ppo_ray.py): OpenRLHF samples with
+``min_tokens=1`` (samples_generator.py), so the processed log-prob of the first response token is renormalised
+without EOS, and when the policy puts mass p on an immediate EOS, vllm_kl gains -log(1 - p) per response whatever
+the weights (measured: 0.03-0.07 at lr 1e-2 with ~3-6-token responses). Raw log-probs make vllm_kl the weight gap
+alone; the sampling is unchanged.
 
 Imports torch, Ray, vLLM, DeepSpeed and OpenRLHF, each inside the function that needs it.
 """
@@ -45,13 +52,19 @@ import sys
 import types
 
 STALE = "NSR_OPENRLHF_CPU_STALE_VLLM"
-"""Test only (value 1): skip the actor -> vLLM weight broadcast, so vLLM generates with stale weights."""
+"""Test only (an integer n >= 0): the actor skips its first n actor -> vLLM weight broadcasts, so vLLM generates with
+the base model's weights until sync n + 1."""
+RAW_LOGPROBS = "NSR_OPENRLHF_CPU_RAW_LOGPROBS"
+"""Test only (value 1): vLLM's rollout log-probs are the raw ones (``logprobs_mode="raw_logprobs"``)."""
 KVCACHE_GIB = "1"
 """vLLM's KV cache on CPU (``VLLM_CPU_KVCACHE_SPACE``, GiB) unless set: its default is sized for a real model."""
-THREADS_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+THREADS_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 """One compute thread per process unless set: a CPU run is several busy processes (the policy ranks, the vLLM engine,
 the controller), and OpenMP threads that outnumber the cores spin against each other (a toy model gets nothing from
-more threads; measured 17x slower with 2 threads on 2 loaded cores). vLLM would otherwise pin its threads to cores."""
+more threads; measured 17x slower with 2 threads on 2 loaded cores). vLLM would otherwise pin its threads to cores.
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps OpenRLHF's ``uni`` executor on the CPU (vLLM's CPU platform otherwise
+turns it into ``mp``): the model runs inside the engine-core process instead of one more process that imports vLLM
+again (~15-20 s per run on 2 busy cores); the rollout actor's AsyncLLM still runs its engine core in a process."""
 WORKER_EXTENSION = f"{__name__}.CPUWorkerExtension"
 OPENRLHF_ENV = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
 """What OpenRLHF's own ``ray.init`` puts in every worker (cli/train_ppo_ray.py); :func:`install_driver` starts Ray
@@ -63,8 +76,8 @@ def cpu_env() -> dict[str, str]:
     """The environment every process of a CPU run gets (values already set win, but for ``DS_ACCELERATOR``)."""
     env = {k: os.environ.get(k, v) for k, v in THREADS_ENV.items()}
     env |= {"DS_ACCELERATOR": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KVCACHE_GIB)}
-    if os.environ.get(STALE) == "1":
-        env[STALE] = "1"
+    if os.environ.get(STALE):
+        env[STALE] = os.environ[STALE]
     return env
 
 
@@ -145,11 +158,17 @@ def patch_replay_buffer() -> None:
 
 
 def patch_deepspeed() -> None:
-    """DeepSpeed's ``torch_adam`` in every engine (no FusedAdam op to build) and, for ZeRO-3 on gloo,
+    """DeepSpeed's ``torch_adam`` in every engine (no FusedAdam op to build), no shm all-reduce op to build and, for
+    ZeRO-3 on gloo,
     ``stage3_allgather_sequential`` in every config OpenRLHF's strategy builds (HF loading and the engines)."""
     import deepspeed
+    import deepspeed.ops
     from openrlhf.utils.deepspeed import DeepspeedStrategy
 
+    # DeepSpeed's torch backend builds (g++, ~60 s; again whenever another venv shares the torch_extensions cache)
+    # and loads its shm all-reduce op on a CPU accelerator; only AutoTP inference uses it, and DeepSpeed falls back to
+    # torch.distributed without it (comm/torch.py, build_shm_op / inference_all_reduce)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if not getattr(deepspeed.initialize, "_nsr_cpu", False):
         initialize = deepspeed.initialize
 
@@ -189,21 +208,40 @@ class GlooGroup:
         self.group.broadcast(tensor, src).wait()
 
 
+def stale_syncs() -> int | None:
+    """:data:`STALE` as the number of first syncs skipped, or None when unset."""
+    value = os.environ.get(STALE)
+    if not value:
+        return None
+    if not value.isdigit():
+        raise RuntimeError(f"{STALE}={value!r} is not valid; allowed: an integer >= 0 (first syncs skipped)")
+    return int(value)
+
+
 def patch_weight_sync() -> None:
-    """The sending side (policy rank 0): a :class:`GlooGroup`; with :data:`STALE`, no broadcast at all."""
+    """The sending side (policy rank 0): a :class:`GlooGroup`; with :data:`STALE`, no broadcast on the first n syncs
+    (every policy rank skips them, so ZeRO-3's gathers stay matched)."""
     from openrlhf.trainer.ray import ppo_actor
 
     def stateless_init_process_group(master_address, master_port, rank, world_size, device=None):
         return GlooGroup(master_address, master_port, rank, world_size)
 
     ppo_actor.stateless_init_process_group = stateless_init_process_group
-    if os.environ.get(STALE) == "1" and not getattr(ppo_actor.ActorPPOTrainer.broadcast_to_vllm, "_nsr_cpu", False):
+    skip = stale_syncs()
+    trainer = ppo_actor.ActorPPOTrainer
+    if skip is None or getattr(trainer.broadcast_to_vllm, "_nsr_cpu", False):
+        return
+    send = trainer.broadcast_to_vllm
+    calls = [0]
 
-        def broadcast_to_vllm(self):
-            print(f"{STALE}=1: weights NOT sent to vLLM (test-only stale engine)", flush=True)
+    def broadcast_to_vllm(self):
+        calls[0] += 1
+        if calls[0] > skip:
+            return send(self)
+        print(f"{STALE}={skip}: sync {calls[0]}: weights NOT sent to vLLM (test-only stale engine)", flush=True)
 
-        broadcast_to_vllm._nsr_cpu = True
-        ppo_actor.ActorPPOTrainer.broadcast_to_vllm = broadcast_to_vllm
+    broadcast_to_vllm._nsr_cpu = True
+    trainer.broadcast_to_vllm = broadcast_to_vllm
 
 
 def setup_worker() -> None:
@@ -233,9 +271,15 @@ class CPUWorkerExtension:
                 f"weight sync backend={backend!r} use_ray={use_ray} on a CPU run; allowed: "
                 "--vllm.sync_backend gloo without --vllm.sync_with_ray"
             )
+        if getattr(self.model_config.hf_config, "tie_word_embeddings", False):
+            raise RuntimeError(
+                f"{self.model_config.model}: tie_word_embeddings=True; the CPU weight sync reloads the received "
+                "weights layer by layer (reload_weights), which leaves a tied lm_head on its old weights; allowed: "
+                "a model with tie_word_embeddings=False (the CPU preset's toy model is built so)"
+            )
         rank = dist.get_rank() + rank_offset
         self._model_update_group = GlooGroup(master_address, master_port, rank, world_size)
-        self._nsr_received = []
+        self._nsr_received, self._nsr_syncs = [], 0
 
     def update_weight(self, name, dtype, shape, empty_cache=False):
         import torch
@@ -248,7 +292,9 @@ class CPUWorkerExtension:
         if empty_cache:  # OpenRLHF marks the last parameter of a sync
             received, self._nsr_received = self._nsr_received, []
             self.model_runner.reload_weights(weights_iterator=iter(received))
-            print(f"{__name__}: vLLM reloaded {len(received)} weights from the actor", flush=True)
+            self._nsr_syncs += 1
+            n = self._nsr_syncs
+            print(f"{__name__}: vLLM reloaded {len(received)} weights from the actor (sync {n})", flush=True)
 
 
 # ---------------------------------------------------------------- the launcher (Ray driver)
@@ -283,7 +329,10 @@ class _ExtensionSwap:
 
 
 def _extension() -> dict:
-    return {"worker_extension_cls": WORKER_EXTENSION}
+    """The rollout actor's kwargs the CPU run replaces: the worker extension (and the raw log-probs of
+    :data:`RAW_LOGPROBS`)."""
+    raw = {"logprobs_mode": "raw_logprobs"} if os.environ.get(RAW_LOGPROBS) == "1" else {}
+    return {"worker_extension_cls": WORKER_EXTENSION} | raw
 
 
 def install_driver(args) -> None:
@@ -295,6 +344,7 @@ def install_driver(args) -> None:
         raise RuntimeError("the CPU shim runs one node with vLLM engines: --actor.num_nodes 1, --vllm.num_engines >= 1")
     env = cpu_env()
     os.environ.update(env)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every worker's lines in openrlhf.log (the tests read them)
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses fake GPUs beyond the devices it lists
     stand_in_flash_attn()
     patch_torch_cuda()
