@@ -158,3 +158,22 @@ def test_evaluator_uses_one_eager_engine_without_a_gpu(monkeypatch):
     assert not kw["enable_chunked_prefill"]
     assert "enforce_eager" not in evaluate.engine_kwargs(cfg, 1, cpu=False)  # GPUs: unchanged (compiled engines)
     assert evaluate.checkpoints(ROOT / "nonexistent", cfg) == {0: str(toy.model_dir(cfg))}
+
+
+def test_shim_test_switches_are_checked(monkeypatch):
+    """The shim's test-only switches: the stale-engine count is validated naming the variable; raw log-probs only when
+    asked for; the toy model has untied embeddings (the CPU weight sync refuses tied ones)."""
+    from nsr.openrlhf import cpu_shim
+
+    monkeypatch.delenv(cpu_shim.STALE, raising=False)
+    monkeypatch.delenv(cpu_shim.RAW_LOGPROBS, raising=False)
+    assert cpu_shim.stale_syncs() is None
+    assert cpu_shim._extension() == {"worker_extension_cls": cpu_shim.WORKER_EXTENSION}
+    monkeypatch.setenv(cpu_shim.STALE, "3")
+    assert cpu_shim.stale_syncs() == 3
+    monkeypatch.setenv(cpu_shim.STALE, "-1")
+    with pytest.raises(RuntimeError, match="NSR_OPENRLHF_CPU_STALE_VLLM='-1' is not valid; allowed: an integer >= 0"):
+        cpu_shim.stale_syncs()
+    monkeypatch.setenv(cpu_shim.RAW_LOGPROBS, "1")
+    assert cpu_shim._extension()["logprobs_mode"] == "raw_logprobs"
+    assert toy.build_model(load_config(CPU_PRESET), toy.build_tokenizer()).config.tie_word_embeddings is False
