@@ -159,8 +159,8 @@ def patch_replay_buffer() -> None:
 
 def patch_deepspeed() -> None:
     """DeepSpeed's ``torch_adam`` in every engine (no FusedAdam op to build), no shm all-reduce op to build and, for
-    ZeRO-3 on gloo,
-    ``stage3_allgather_sequential`` in every config OpenRLHF's strategy builds (HF loading and the engines)."""
+    ZeRO-3 on gloo, ``stage3_allgather_sequential`` in every config OpenRLHF's strategy builds (HF loading and the
+    engines)."""
     import deepspeed
     import deepspeed.ops
     from openrlhf.utils.deepspeed import DeepspeedStrategy
