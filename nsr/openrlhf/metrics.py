@@ -57,6 +57,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "train_s": ("timing/ppo_train",),
     "dgg_gated": ("nsr_dgg_gated",),  # --nsr.dgg: gated optimizer steps of the RL step (as the tiny loop logs)
     "lm_head_grad_norm": ("nsr_lm_head_grad_norm",),  # --nsr.dgg: their mean lm_head gradient norm
+    # with importance-sampling correction: masked mean of log pi_vLLM - log pi_actor over the sampled tokens, the
+    # weight-sync health check (near 0 when vLLM generates with the actor's weights)
+    "vllm_kl": ("vllm_kl",),
 }
 
 METRIC_KEYS = ("step", *REQUIRED)
