@@ -358,6 +358,7 @@ def submit(
     sub.decisions = plan(specs, root, retry_failed, live)
     sub.plans = _resource_plans(sub.decisions if dry_run else sub.submitted, res_of)
     if dry_run or not sub.submitted:
+        sub.tasks = len(pack(sub.submitted, batch_size))  # what would be sent (pack keys include the preset)
         return sub
     short = [pl for pl in sub.plans if not pl.rows_ok]
     if short:  # refused here, not inside a GPU allocation
@@ -528,8 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     n_sub, n_skip = len(sub.submitted), len(sub.decisions) - len(sub.submitted)
     if args.dry_run:
         _print_plans(sub.plans)
-        tasks = len(pack(sub.submitted, args.batch_size))
-        print(f"dry run: {len(sub.decisions)} runs, {n_sub} would be submitted in {tasks} tasks, {n_skip} skipped")
+        print(f"dry run: {len(sub.decisions)} runs, {n_sub} would be submitted in {sub.tasks} tasks, {n_skip} skipped")
         return 0
     arrays = f" as job array {', '.join(sub.arrays)}" if sub.arrays else ""
     print(f"submitted {n_sub} runs in {sub.tasks} tasks{arrays} ({args.cluster}); skipped {n_skip}")

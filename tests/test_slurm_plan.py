@@ -245,10 +245,11 @@ def test_a_failing_member_of_a_packed_task_fails_alone(tmp_path, monkeypatch):
 
     monkeypatch.setattr(batched.nsr, "policy_loss", loss)
     kw = {"cluster": "debug", "out_root": tmp_path / "runs", "log_dir": tmp_path / "logs"}
+    assert submit(sw, batch_size=8, dry_run=True, **kw).tasks == 1  # the dry run counts the tasks it would send
     sub = submit(sw, batch_size=8, **kw)
     assert sub.tasks == 1 and len(sub.submitted) == 2
     states = {d.spec.meta["arm"]: RunDir(d.out).status() for d in sub.submitted}
     assert states["hard"]["state"] == "done" and states["nsr"]["state"] == "failed"
     assert "nsr broke" in states["nsr"]["error"]
     again = submit(sw, batch_size=8, dry_run=True, **kw)
-    assert again.submitted == []
+    assert again.submitted == [] and again.tasks == 0
