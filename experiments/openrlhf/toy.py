@@ -147,9 +147,8 @@ def build_model(cfg: RunConfig, tokenizer):
         eos_token_id=eos,
         pad_token_id=eos,
     )
-    with torch.random.fork_rng():  # transformers initialises from the global RNG: seed it here, restore it after
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = eos
     return model
