@@ -26,9 +26,15 @@ Runs of one label differ only by seed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import pickle
 import re
+import shutil
 import warnings
+import zlib
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +43,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pj
 
-from experiments.rundir import REPO_ROOT, RunDir, RunFolderError, read_rows, stored_identity
+from analysis.parallel import InlinePool
+from experiments.rundir import REPO_ROOT, RunDir, RunFolderError, atomic_path, cache_dir, read_rows, stored_identity
 
 RUNS_ROOT = REPO_ROOT / "results" / "runs"
 DONE_ONLY = ("done",)
@@ -77,6 +84,9 @@ class RunSet:
     notes: list[str] = field(default_factory=list)
     _eval_files: dict[str, Path] = field(default_factory=dict, repr=False)
     _counts: pd.DataFrame | None = field(default=None, repr=False)
+    expansions: dict = field(default_factory=dict, repr=False)
+    """{(sweep file, preset, presets_dir): [(sweep, run id)]}: the sweep files as expanded to match the runs
+    (:func:`sweep_members`)."""
 
     @property
     def included(self) -> pd.DataFrame:
@@ -326,7 +336,7 @@ def _as_int(v) -> int | None:
 
 
 def sweep_members(
-    runs: pd.DataFrame, sweeps_dir: Path | None, presets_dir: Path | None = None
+    runs: pd.DataFrame, sweeps_dir: Path | None, presets_dir: Path | None = None, expanded: dict | None = None
 ) -> tuple[dict[str, list[dict]], list[str]]:
     """{config hash: [{sweep, arm, point, seed, baseline, preset, run_id}]}: every sweep file in ``sweeps_dir`` that
     contains a config, expanded with the presets the runs were made with; and notes on sweep files that failed.
@@ -354,6 +364,8 @@ def sweep_members(
             except (SweepError, ValueError) as e:
                 notes.append(f"{path.stem} (preset {preset}): not expanded: {e}")
                 continue
+            if expanded is not None:  # make_all's expected runs reuse it (analysis.make_all.expected_runs)
+                expanded[(path.resolve(), preset, presets_dir)] = [(r.meta["sweep"], r.run_id) for r in specs]
             for r in specs:
                 m = {k: r.meta[k] for k in ("sweep", "arm", "point", "seed", "baseline", "preset")}
                 out.setdefault(r.config.run_hash(), []).append(m | {"run_id": r.run_id})
@@ -367,6 +379,8 @@ def load_runs(
     states: tuple[str, ...] = DONE_ONLY,
     sweeps_dir: str | Path | None = None,
     presets_dir: str | Path | None = None,
+    pool: Executor | None = None,
+    cache: str | Path | None = None,
 ) -> RunSet:
     """Load every run folder under ``root``, each config once.
 
@@ -378,6 +392,11 @@ def load_runs(
             at live runs); the rest are listed in ``runs`` with ``included = False`` and in ``issues``.
         sweeps_dir: sweep files (default: the repo's sweeps/); a run belongs to every sweep whose file has its
             config, besides the sweep its own config.yaml names. presets_dir: their presets (default sweeps/presets).
+        pool: an executor (:func:`analysis.parallel.worker_pool`) that reads each included run's metrics and eval
+            files, one task per run; None reads them here, one after another. Either way the result (issues in
+            their order included) is the same.
+        cache: a folder (:func:`log_cache_dir`) keeping each run's parsed logs, keyed by the files' bytes and the
+            reading code (:func:`log_key`): a rerun on unchanged runs skips the parsing. None: no cache.
 
     Identity: a run is its config hash, recomputed from its config.yaml by today's RunConfig (``meta.run_hash`` when
     that fails; :func:`experiments.rundir.stored_identity`). A folder whose recorded hash differs from what its
@@ -391,13 +410,18 @@ def load_runs(
     sweeps_dir = Path(sweeps_dir) if sweeps_dir is not None else REPO_ROOT / "sweeps"
     issues: list[Issue] = []
 
-    def issue(sweep, run_id, kind, msg):
+    def raise_issue(sweep, run_id, kind, msg):
         it = Issue(sweep, run_id, kind, msg)
         issues.append(it)
         warnings.warn(str(it), RunWarning, stacklevel=3)
 
-    records, frames, counts = [], {}, {}
+    pool = pool if pool is not None else InlinePool()
+    cache = str(cache) if cache is not None else None
+    entries = []  # (record or None, the issues found while reading its config and status, its logs' task)
     for path in find_run_dirs(root):
+        pending: list[tuple] = []
+        issue = lambda *it, _p=pending: _p.append(it)  # noqa: E731  (raised below, in folder order)
+        entries.append((None, pending, None))
         rel = path.relative_to(root).as_posix() if path != root else path.name
         sweep_dir = path.parent.name if path != root else "adhoc"
         rd = RunDir(path)
@@ -466,8 +490,23 @@ def load_runs(
             **flat,
             **{f"meta.{k}": v for k, v in flatten(meta).items() if k not in ("sweep", "arm", "seed", "baseline")},
         }
-        if rec["included"]:
-            _read_run(rec, rd, frames, counts, issue)
+        task = pool.submit(_read_logs, rec, str(path), cache) if rec["included"] else None
+        entries[-1] = (rec, pending, task)
+
+    records, frames, counts = [], {}, {}
+    for rec, pending, task in entries:
+        for it in pending:
+            raise_issue(*it)
+        if rec is None:
+            continue
+        if task is not None:
+            rec, steps, c, read_issues = task.result()
+            for it in read_issues:
+                raise_issue(*it)
+            if steps is not None:
+                frames[rec["run"]] = steps
+            if c is not None:
+                counts[rec["run"]] = c
         records.append(rec)
 
     runs = pd.DataFrame(records)
@@ -492,14 +531,16 @@ def load_runs(
             }  # fmt: skip
             | {"included": pd.Series(dtype=bool)}
         )
-    _dedupe(runs, issue)
+    _dedupe(runs, raise_issue)
     keep = set(runs.loc[runs["included"], "run"])
-    members, notes = _members(runs, sweeps_dir if sweeps_dir.is_dir() else None, presets_dir)
+    expansions: dict = {}
+    members, notes = _members(runs, sweeps_dir if sweeps_dir.is_dir() else None, presets_dir, expansions)
     step_frames = [f for run, f in frames.items() if run in keep]
     steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame({"run": [], "step": []})
     eval_files = {run: RunDir(p).eval_path for run, p in zip(runs["run"], runs["path"]) if run in keep}
     eval_files = {r: p for r, p in eval_files.items() if p.exists()}
-    rs = RunSet(root, runs.reset_index(drop=True), steps, issues, members, notes, _eval_files=eval_files)
+    rs = RunSet(root, runs.reset_index(drop=True), steps, issues, members, notes, _eval_files=eval_files,
+                expansions=expansions)  # fmt: skip
     parts = [c for r, c in counts.items() if r in keep and c is not None and len(c)]
     cols = {c: pd.Series(dtype=object) for c in COUNT_KEYS} | {"n": pd.Series(dtype="int64")}
     rs._counts = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(cols | {"c": cols["n"]})
@@ -507,6 +548,108 @@ def load_runs(
         if len(rs._counts):  # codes, not strings (categories sorted, so every groupby keeps the string order)
             rs._counts[col] = rs._counts[col].astype("category")
     return rs
+
+
+def _read_logs(
+    rec: dict, path: str, cache: str | None = None
+) -> tuple[dict, pd.DataFrame | None, pd.DataFrame | None, list[tuple]]:
+    """One task of :func:`load_runs` (run in a worker process or here): read one included run's logs. Returns the
+    record (updated as :func:`_read_run` does), its step frame and eval counts (None when absent or excluded) and
+    the issues found, as (sweep, run_id, kind, message) in the order found. With ``cache`` (a folder), the result
+    is kept there under :func:`log_key` and taken from there when the key matches."""
+    rd = RunDir(Path(path))
+    key = log_key(rec, rd) if cache is not None else None
+    if key is not None:
+        hit = _cache_get(Path(cache), key)
+        if hit is not None:
+            updates, steps, c, found = hit
+            return {**rec, **updates}, steps, c, found
+    frames, counts, found = {}, {}, []
+    _read_run(rec, rd, frames, counts, lambda *it: found.append(it))
+    out = rec, frames.get(rec["run"]), counts.get(rec["run"]), found
+    if key is not None:
+        _cache_put(Path(cache), key, ({k: rec[k] for k in READ_UPDATES if k in rec}, *out[1:]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- parsed-log cache
+READ_INPUTS = ("sweep", "run_id", "run", "state", "backend", "train.steps", "eval.n_prompts")
+"""The record fields :func:`_read_run` reads (besides the files): part of the cache key."""
+READ_UPDATES = ("n_steps", "last_step", "has_eval", "metrics_source", "state", "included", "problem")
+"""The record fields :func:`_read_run` sets: what a cache entry restores."""
+CACHE_SOURCES = ("analysis/load.py", "experiments/rundir.py")
+"""The code that turns a run's files into frames: any change to it makes every cache entry stale."""
+
+
+def log_cache_dir() -> Path:
+    """The parsed-log cache of make_all: ``<cache_dir()>/analysis`` (``$NSR_CACHE_DIR``, else the repo's cache/)."""
+    return cache_dir() / "analysis"
+
+
+_CODE_KEY: list[str] = []
+
+
+def _code_key() -> str:
+    if not _CODE_KEY:
+        h = hashlib.sha256()
+        for rel in CACHE_SOURCES:
+            h.update(rel.encode() + b"\0" + (REPO_ROOT / rel).read_bytes() + b"\0")
+        h.update(f"{pd.__version__} {pa.__version__} {np.__version__}".encode())
+        _CODE_KEY.append(h.hexdigest())
+    return _CODE_KEY[0]
+
+
+def log_key(rec: dict, rd: RunDir) -> str | None:
+    """sha256 over the reading code (:data:`CACHE_SOURCES`, the pandas / pyarrow / numpy versions), the record fields
+    the reading uses and the bytes of metrics.jsonl and the eval file; None (not cached) for a run without
+    metrics.jsonl (its metrics come from TensorBoard event files, read each time)."""
+    if not rd.metrics_path.is_file():
+        return None
+    h = hashlib.sha256(_code_key().encode())
+    fields = {k: rec.get(k) for k in READ_INPUTS}
+    h.update(json.dumps(fields, sort_keys=True, default=repr).encode())
+    for p in (rd.metrics_path, rd.eval_path):
+        h.update(b"\0" + p.name.encode() + b"\0")
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _cache_file(cache: Path, key: str) -> Path:
+    return cache / _code_key()[:16] / f"{key}.pkl.z"
+
+
+def _cache_get(cache: Path, key: str):
+    """The entry, or None when it is absent or unreadable (a partial or foreign file is a miss, never an error)."""
+    try:
+        return pickle.loads(zlib.decompress(_cache_file(cache, key).read_bytes()))
+    except Exception:  # noqa: BLE001  (any damage: recompute)
+        return None
+
+
+def _cache_put(cache: Path, key: str, value) -> None:
+    """Write the entry atomically (a crash leaves the old state); a cache that cannot be written is skipped."""
+    path = _cache_file(cache, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(zlib.compress(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), 1))
+    except OSError:
+        pass
+
+
+def prune_log_cache(cache: Path) -> int:
+    """Remove the entries made by other versions of the reading code (their key folder differs); returns how many
+    folders were removed."""
+    cache = Path(cache)
+    if not cache.is_dir():
+        return 0
+    gone = 0
+    for d in cache.iterdir():
+        if d.is_dir() and d.name != _code_key()[:16] and re.fullmatch(r"[0-9a-f]{16}", d.name):
+            shutil.rmtree(d, ignore_errors=True)
+            gone += 1
+    return gone
 
 
 def _read_run(rec: dict, rd: RunDir, frames: dict, counts: dict, issue) -> None:
@@ -617,11 +760,13 @@ def _dedupe(runs: pd.DataFrame, issue) -> None:
 MEMBER_COLUMNS = ["run", "sweep", "run_id", "arm", "label", "seed", "baseline", "point", "preset", "in_file"]
 
 
-def _members(runs: pd.DataFrame, sweeps_dir: Path | None, presets_dir=None) -> tuple[pd.DataFrame, list[str]]:
+def _members(
+    runs: pd.DataFrame, sweeps_dir: Path | None, presets_dir=None, expanded: dict | None = None
+) -> tuple[pd.DataFrame, list[str]]:
     """One row per (sweep, included run): the sweep its config.yaml names, and every sweep file holding its config
     (arm, point, seed and baseline from that sweep file)."""
     inc = runs[runs["included"]] if len(runs) else runs
-    by_hash, notes = sweep_members(inc, sweeps_dir, presets_dir) if len(inc) else ({}, [])
+    by_hash, notes = sweep_members(inc, sweeps_dir, presets_dir, expanded) if len(inc) else ({}, [])
     rows = []
     for rec in inc.to_dict("records"):
         own = {k: rec[k] for k in ("run", "sweep", "run_id", "arm", "seed", "baseline", "point")}

@@ -28,11 +28,22 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 from analysis import claims as claims_mod
 from analysis import collapse, figures, regime, tables
 from analysis import report as report_mod
-from analysis.load import RUNS_ROOT, RunSet, RunWarning, load_runs, status_report
+from analysis.load import (
+    RUNS_ROOT,
+    RunSet,
+    RunWarning,
+    find_run_dirs,
+    load_runs,
+    log_cache_dir,
+    prune_log_cache,
+    status_report,
+)
+from analysis.parallel import JOBS_ENV, MAX_DEFAULT_JOBS, check_jobs, default_jobs, worker_pool
 from analysis.summary import eval_curves, summarize
 from experiments.rundir import REPO_ROOT
 
@@ -42,6 +53,9 @@ README = REPO_ROOT / "results" / "README.md"
 START, END = "<!-- claims:start -->", "<!-- claims:end -->"
 README_FIGURES = ("forest", "theory_expected_weight", "rescue_vs_decay_dynamics", "delta_sweep", "judge_executor")
 """Figures shown in the README block, when they exist."""
+PARALLEL_MIN_RUNS = 32
+"""make_all starts worker processes (jobs=None) only from this many run folders: below, starting them costs more
+than they save."""
 NOT_TABLED = ("demo",)
 """Sweeps make_all never tables: `make demo`'s runs (results/runs/demo), drawn by analysis.demo itself."""
 
@@ -93,16 +107,18 @@ def expected_runs(rs: RunSet, sweeps_dir: Path | None = None, presets_dir: Path 
     folder = Path(sweeps_dir) if sweeps_dir else SWEEPS_DIR
     out, notes = {}, []
     runs = rs.members
+    known = rs.expansions
     for path in sorted(folder.glob("*.yaml")):
         name = path.stem
         mine = runs[runs["sweep"] == name] if len(runs) else runs
         presets = sorted(mine["preset"].dropna().unique()) if "preset" in mine.columns else []
-        try:
-            specs = [r for p in (presets or [None]) for r in expand(path, preset=p, presets_dir=presets_dir)]
+        try:  # the expansions load_runs made to match the runs (rs.expansions) are not made twice
+            specs = [r for p in (presets or [None]) for r in known.get((path.resolve(), p, presets_dir)) or
+                     [(x.sweep, x.run_id) for x in expand(path, preset=p, presets_dir=presets_dir)]]  # fmt: skip
         except (SweepError, ValueError) as e:
             notes.append(f"{name}: cannot list the expected runs: {e}")
             continue
-        out[specs[0].sweep if specs else name] = [r.run_id for r in specs]
+        out[specs[0][0] if specs else name] = [run_id for _, run_id in specs]
     return out, notes
 
 
@@ -230,18 +246,33 @@ def make_all(
     sweeps_dir: Path | None = None,
     presets_dir: Path | None = None,
     quiet: bool = False,
+    jobs: int | None = None,
+    cache: Path | None = None,
 ) -> dict:
-    """Build everything; returns {"files": [...], "status": {...}, "claims": [...], "issues": [...], ...}."""
-    say = (lambda *a: None) if quiet else print
+    """Build everything; returns {"files": [...], "status": {...}, "claims": [...], "issues": [...], ...}.
+
+    ``jobs``: worker processes that read the run folders' logs and draw the figures (analysis.parallel); None =
+    every core (:func:`analysis.parallel.default_jobs`) when there are at least :data:`PARALLEL_MIN_RUNS` run folders,
+    else 1 (starting workers costs more than they save). ``cache``: a folder keeping each run's parsed logs
+    (analysis.load.log_cache_dir(), what the command line uses unless --no-cache); None parses every run. The files
+    written depend on neither."""
     out = check_out(Path(out))
+    if jobs is None:
+        jobs = default_jobs() if len(find_run_dirs(Path(runs))) >= PARALLEL_MIN_RUNS else 1
+    with worker_pool(check_jobs(jobs, "--jobs")) as pool:
+        return _make_all(Path(runs), out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache)
+
+
+def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache) -> dict:
+    say = (lambda *a: None) if quiet else print
     tab_dir, fig_dir = inside(out / "tables", out), inside(out / "figures", out)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RunWarning)  # collected in rs.issues and written to status.md
-        rs = load_runs(runs, sweeps_dir=sweeps_dir, presets_dir=presets_dir)
-        summary = summarize(rs)
+        rs = load_runs(runs, sweeps_dir=sweeps_dir, presets_dir=presets_dir, pool=pool, cache=cache)
+        curves = eval_curves(rs.eval_counts())
+        summary = summarize(rs, curves=curves)
         not_tabled = {sw: int((summary["sweep"] == sw).sum()) for sw in NOT_TABLED if (summary["sweep"] == sw).any()}
         summary = summary[~summary["sweep"].isin(NOT_TABLED)].reset_index(drop=True)
-        curves = eval_curves(rs.eval_counts())
         inc = rs.included[rs.included["run"].isin(summary["run"])]
         nsr_runs = set(inc.loc[inc["loss.rule"] == "nsr", "run"]) if "loss.rule" in inc.columns else set()
         bins = rs.ratio_bins(nsr_runs)  # read here, so problems in these files reach status.md too
@@ -257,7 +288,31 @@ def make_all(
     fig = lambda name: inside(fig_dir / name, out)  # noqa: E731
     files = [write_text(tab("status.md"), status_markdown(report, rs.issues, notes + rs.notes, not_tabled), out)]
 
+    # the figures are drawn by the pool's workers while this process builds the tables and claims; each task gets
+    # only what its figure reads of the RunSet (its runs' step rows, the runs table), so little is sent
+    drawn: list = []  # futures of lists of files, in the order the files are listed
+
+    def draw(fn, *args, **kw):
+        drawn.append(pool.submit(fn, *args, **kw))
+
+    def part(sweep=None):
+        mine = summary["run"] if sweep is None else summary.loc[summary["sweep"] == sweep, "run"]
+        steps = rs.steps[rs.steps["run"].isin(mine)] if len(rs.steps) else rs.steps
+        crv = curves[curves["run"].isin(mine)] if len(curves) else curves
+        return SimpleNamespace(runs=rs.runs, steps=steps), crv
+
     sweeps = sorted(summary["sweep"].unique())
+    for sweep in sweeps:
+        r, c = part(sweep)
+        draw(figures.dynamics, r, summary, c, sweep, fig(f"{sweep}_dynamics"), formats)
+    draw(figures.delta_sweep, SimpleNamespace(runs=rs.runs, steps=None), summary, fig("delta_sweep"), formats=formats)
+    r, c = part("judge_executor")
+    draw(figures.judge_executor, r, summary, c, fig("judge_executor"), formats=formats)
+    draw(figures.theory, fig("theory_expected_weight"), formats=formats, bins=bins)
+    draw(figures.clip_depth, bins, fig("clip_depth"), formats=formats)
+    draw(figures.pass_at_k_figure, summary, fig("pass_at_k"), formats=formats)
+    draw(figures.screening, summary, fig("screening"), formats=formats)
+
     for sweep in sweeps:
         t = tables.sweep_tables(summary, sweep)
         files.append(write_text(tab(f"{sweep}.md"), t["md"], out))
@@ -267,21 +322,14 @@ def make_all(
         rows = rows.drop(columns=[c for c in rows.columns if c.endswith("]") and rows[c].isna().all()])
         csv = rows.to_csv(index=False, float_format="%.6g")
         files.append(write_text(tab(f"{sweep}_runs.csv"), csv, out))
-        files += figures.dynamics(rs, summary, curves, sweep, fig(f"{sweep}_dynamics"), formats)
     main = tables.main_table(summary, rs.runs, tables.load_paper())
     files += [write_text(tab("main.md"), main["md"], out), write_text(tab("main.tex"), main["tex"], out)]
-    files += figures.delta_sweep(rs, summary, fig("delta_sweep"), formats=formats)
-    files += figures.judge_executor(rs, summary, curves, fig("judge_executor"), formats=formats)
-    files += figures.theory(fig("theory_expected_weight"), formats=formats, bins=bins)
-    files += figures.clip_depth(bins, fig("clip_depth"), formats=formats)
-    files += figures.pass_at_k_figure(summary, fig("pass_at_k"), formats=formats)
-    files += figures.screening(summary, fig("screening"), formats=formats)
 
     claim_list, min_pairs = claims_mod.load_claims()
     results = claims_mod.evaluate(summary, claim_list, min_pairs)
     claims_md = claims_mod.render(results)
     files.append(write_text(tab("claims.md"), "### The paper's claims on the CPU grid\n\n" + claims_md, out))
-    files += figures.forest(results, fig("forest"), formats=formats)
+    draw(figures.forest, results, fig("forest"), formats=formats)
     post_list, post_pairs = claims_mod.load_claims(claims_mod.POSTHOC_FILE)
     posthoc = claims_mod.evaluate(summary, post_list, post_pairs)
     posthoc_md = claims_mod.render(posthoc, posthoc=True)
@@ -301,6 +349,8 @@ def make_all(
         head = "### Stage A2: regime search, direct gate (pre-registered; `python -m analysis.regime ROOT --stage a2`)"
         files.append(write_text(tab("stage_a2.md"), f"{head}\n\n{regime.readout_markdown(stage_a2)}", out))
         say(f"stage A2 readout (tables/stage_a2.md): {regime.verdict(stage_a2)}")
+    for task in drawn:  # every figure is on disk before the README block and the report look for them
+        files += task.result()
     if readme is not None:
         block = readme_block(claims_md, fig_dir, readme, n_distinct, sweeps)
         if rewrite_readme(readme, block):
@@ -337,6 +387,12 @@ def main(argv=None) -> int:
     p.add_argument("--format", nargs="+", default=["png"], choices=["png", "pdf", "svg"], help="figure formats")
     p.add_argument("--sweeps-dir", type=Path, help="sweep files (default sweeps/): shared runs and missing runs")
     p.add_argument("--presets-dir", type=Path, help="preset files (default sweeps/presets/)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help=f"worker processes for reading logs and drawing figures (default: ${JOBS_ENV} or every core, "
+                        f"up to {MAX_DEFAULT_JOBS}, from {PARALLEL_MIN_RUNS} run folders on; 1 = none)")  # fmt: skip
+    p.add_argument("--no-cache", action="store_true",
+                   help="parse every run's logs again (default: keep them parsed in $NSR_CACHE_DIR/analysis, else "
+                        "cache/analysis; an entry is used only for the same file bytes and reading code)")  # fmt: skip
     a = p.parse_args(argv)
     if not a.runs.is_dir():
         print(f"error: --runs {a.runs}: no such folder", file=sys.stderr)
@@ -346,10 +402,24 @@ def main(argv=None) -> int:
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if a.jobs is not None and a.jobs < 1:
+        print(f"error: --jobs {a.jobs}: not valid; allowed: an integer >= 1 (1 = no worker processes)", file=sys.stderr)
+        return 2
+    jobs = a.jobs
+    if jobs is None and os.environ.get(JOBS_ENV, "").strip():  # an explicit $NSR_JOBS holds whatever the run count
+        try:
+            jobs = default_jobs()
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    cache = None
+    if not a.no_cache:
+        cache = log_cache_dir()
+        prune_log_cache(cache)
     readme = None if a.no_readme else a.readme or (README if a.out.resolve() == OUT_ROOT.resolve() else None)
     t0 = time.perf_counter()
     try:
-        res = make_all(a.runs, a.out, readme, tuple(a.format), a.sweeps_dir, a.presets_dir)
+        res = make_all(a.runs, a.out, readme, tuple(a.format), a.sweeps_dir, a.presets_dir, jobs=jobs, cache=cache)
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

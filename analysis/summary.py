@@ -239,10 +239,11 @@ def final_eval(curves: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def summarize(rs: RunSet, with_eval: bool = True) -> pd.DataFrame:
+def summarize(rs: RunSet, with_eval: bool = True, curves: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (sweep, included run) of ``rs.members``: ID_COLUMNS, ``legacy`` (made by older code than today's:
     its recorded hash differs), every STEP_METRICS entry, n_steps, and the final eval metrics. A run shared by several
-    sweeps is computed once and appears once in each sweep."""
+    sweeps is computed once and appears once in each sweep. ``curves``: ``eval_curves(rs.eval_counts())`` when the
+    caller has it already (computed here otherwise)."""
     runs = list(dict.fromkeys(rs.members["run"])) if len(rs.members) else []
     groups = dict(tuple(rs.steps.groupby("run", sort=False))) if len(rs.steps) else {}
     rows = []
@@ -254,7 +255,7 @@ def summarize(rs: RunSet, with_eval: bool = True) -> pd.DataFrame:
         rows.append(row)
     per_run = pd.DataFrame(rows, columns=["run", "n_steps", *STEP_METRICS])
     if with_eval and len(per_run):
-        fe = final_eval(eval_curves(rs.eval_counts()))
+        fe = final_eval(eval_curves(rs.eval_counts()) if curves is None else curves)
         per_run = per_run.merge(fe, on="run", how="left")
     members = rs.members if len(rs.members) else pd.DataFrame(columns=ID_COLUMNS)
     out = members[[c for c in ID_COLUMNS if c in members.columns]].merge(per_run, on="run", how="left")

@@ -151,24 +151,36 @@ def compare(s: pd.DataFrame, a: str, b: str, metric: str) -> dict:
         {a, b, metric, mean, lo, hi, n, mixed, a_mean, b_mean, seeds}; lo/hi NaN with fewer than 2 pairs; ``mixed``:
         pairs of a legacy and a current run (:func:`mixed_pairs`).
     """
+    return compare_many(s, a, b, [metric])[0]
+
+
+def compare_many(s: pd.DataFrame, a: str, b: str, metrics) -> list[dict]:
+    """:func:`compare` for each of ``metrics``, the two labels' rows and pairing keys taken once."""
     sa, sb = s[s["label"] == a], s[s["label"] == b]
-    va = dict(zip(pairs(sa), sa[metric], strict=True))
-    vb = dict(zip(pairs(sb), sb[metric], strict=True))
-    diffs, seeds = paired_differences(va, vb)
-    mean, lo, hi, n = interval(diffs)
-    return {
-        "mixed": mixed_pairs(s, a, b, seeds),
-        "a": a,
-        "b": b,
-        "metric": metric,
-        "mean": mean,
-        "lo": lo,
-        "hi": hi,
-        "n": n,
-        "a_mean": float(np.mean([va[k] for k in seeds])) if seeds else math.nan,
-        "b_mean": float(np.mean([vb[k] for k in seeds])) if seeds else math.nan,
-        "seeds": seeds,
-    }
+    ka, kb = pairs(sa), pairs(sb)
+    legacy = "legacy" in s.columns
+    la = dict(zip(ka, sa["legacy"])) if legacy else {}
+    lb = dict(zip(kb, sb["legacy"])) if legacy else {}
+    out = []
+    for metric in metrics:
+        va = dict(zip(ka, sa[metric], strict=True))
+        vb = dict(zip(kb, sb[metric], strict=True))
+        diffs, seeds = paired_differences(va, vb)
+        mean, lo, hi, n = interval(diffs)
+        out.append({
+            "mixed": _mixed(la, lb, seeds),
+            "a": a,
+            "b": b,
+            "metric": metric,
+            "mean": mean,
+            "lo": lo,
+            "hi": hi,
+            "n": n,
+            "a_mean": float(np.mean([va[k] for k in seeds])) if seeds else math.nan,
+            "b_mean": float(np.mean([vb[k] for k in seeds])) if seeds else math.nan,
+            "seeds": seeds,
+        })  # fmt: skip
+    return out
 
 
 def mixed_pairs(s: pd.DataFrame, a: str, b: str, seeds) -> int:
@@ -179,7 +191,12 @@ def mixed_pairs(s: pd.DataFrame, a: str, b: str, seeds) -> int:
         return 0
     la = dict(zip(pairs(s[s["label"] == a]), s.loc[s["label"] == a, "legacy"]))
     lb = dict(zip(pairs(s[s["label"] == b]), s.loc[s["label"] == b, "legacy"]))
-    return sum(bool(la[k]) != bool(lb[k]) for k in seeds)
+    return _mixed(la, lb, seeds)
+
+
+def _mixed(la: dict, lb: dict, seeds) -> int:
+    """Of the pairs ``seeds``, those whose runs differ in legacy-ness ({pair key: legacy} of each label; {}: none)."""
+    return sum(bool(la[k]) != bool(lb[k]) for k in seeds) if la and lb else 0
 
 
 def paired_vs_baseline(s: pd.DataFrame, metrics=None) -> pd.DataFrame:
@@ -201,10 +218,7 @@ def paired_vs_baseline(s: pd.DataFrame, metrics=None) -> pd.DataFrame:
                 rows += [{"label": label, "vs": vs, "metric": m, "mean": math.nan, "lo": math.nan, "hi": math.nan,
                           "n": 0, "mixed": 0} for m in metrics]  # fmt: skip
                 continue
-            keep = [c for c in ("label", "seed", "warm_start", "legacy", *metrics) if c in s.columns]
-            sub = s.loc[s["label"].isin((label, cps[0])), keep]  # once per pair of labels, not per metric
-            for m in metrics:
-                r = compare(sub, label, cps[0], m)
+            for r in compare_many(s, label, cps[0], metrics):
                 rows.append(
                     {"label": label, "vs": cps[0], **{k: r[k] for k in ("metric", "mean", "lo", "hi", "n", "mixed")}}
                 )

@@ -53,6 +53,15 @@ COMPRESSED = tuple(f"{name}.gz" for name in LOG_FILES if name != "metrics.jsonl"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUNS_ROOT = REPO_ROOT / "results" / "runs"
 """Default root of the run folders: ``RUNS_ROOT/<sweep>/<run_id>/``."""
+CACHE_ENV = "NSR_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """Where derived files are cached (warm starts, the toy OpenRLHF model, the analysis' parsed logs):
+    ``$NSR_CACHE_DIR``, else ``cache/`` in the repo (git ignores it). Deleting it only costs recomputation."""
+    return Path(os.environ.get(CACHE_ENV) or REPO_ROOT / "cache")
+
+
 RECORD = "slurm.json"
 """Written by slurm.submit into a folder it sent a job for (job id, cluster, log folder)."""
 _PACKAGES = ("torch", "transformers", "openrlhf", "numpy", "datasets", "submitit", "vllm", "deepspeed", "ray")

@@ -32,7 +32,7 @@ from pathlib import Path
 from experiments.config import RunConfig
 from experiments.openrlhf.data import repeat_shuffled, write_jsonl
 from experiments.openrlhf.plan import count_rows, rows_needed, train_data_path
-from experiments.rundir import REPO_ROOT
+from experiments.rundir import REPO_ROOT, cache_dir
 
 CPU_MODELS = ("cpu-tiny-qwen2",)
 """model.name values built here; each switches the run onto the CPU path."""
@@ -50,10 +50,6 @@ training and on the 20 held-out problems; ~35 s on 2 busy cores, once)."""
 
 def is_cpu_model(cfg: RunConfig) -> bool:
     return cfg.model.name in CPU_MODELS
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("NSR_CACHE_DIR") or REPO_ROOT / "cache")
 
 
 def model_key(cfg: RunConfig) -> str:

@@ -26,7 +26,7 @@ from filelock import FileLock
 from tqdm import tqdm
 
 from experiments.config import RunConfig
-from experiments.rundir import REPO_ROOT, atomic_path
+from experiments.rundir import REPO_ROOT, atomic_path, cache_dir
 from experiments.tiny.model import build_model
 from experiments.tiny.task import get_task
 from nsr.seeds import generator
@@ -34,10 +34,6 @@ from nsr.seeds import generator
 SFT_VERSION = 1
 """Bump when the warm-start code changes its numbers, so stale caches are not reused."""
 SFT_BETAS = (0.9, 0.98)  # docs/testbed.md, "Warm start (SFT)"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("NSR_CACHE_DIR") or REPO_ROOT / "cache")
 
 
 def sft_sections(cfg: RunConfig) -> dict:

@@ -1,0 +1,79 @@
+"""Worker processes for the analysis: make_all reads the run folders' logs and draws its figures on every core.
+
+    from analysis.parallel import default_jobs, worker_pool
+    with worker_pool(default_jobs()) as pool:      # jobs = 1: an inline pool, the work runs here, in order
+        fut = pool.submit(fn, *args)               # fn and args must pickle (a module-level function)
+        fut.result()
+
+Workers are started with ``spawn`` (a fresh interpreter that imports what ``fn`` needs), never ``fork``: the caller
+may hold threads (pyarrow's, torch's, a test runner's) whose locks a forked child would inherit held. What a worker
+computes does not depend on which process runs it, so ``--jobs 1`` and ``--jobs 8`` write byte-identical files
+(tests/test_analysis_make_all.py checks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+
+JOBS_ENV = "NSR_JOBS"
+"""Environment variable: the default number of worker processes (make_all --jobs overrides it)."""
+MAX_DEFAULT_JOBS = 8
+"""The default never takes more than this many cores (memory: each worker holds one run's logs at a time, plus its
+imports, about 0.3 GiB)."""
+
+
+def default_jobs() -> int:
+    """``$NSR_JOBS`` when set, else the cores this process may run on (at most :data:`MAX_DEFAULT_JOBS`)."""
+    env = os.environ.get(JOBS_ENV)
+    if env is not None and env.strip():
+        return check_jobs(env, JOBS_ENV)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_JOBS, cores))
+
+
+def check_jobs(value, name: str = "jobs") -> int:
+    """``value`` as a number of worker processes; ValueError naming ``name`` and the allowed values otherwise."""
+    try:
+        jobs = int(str(value).strip())
+    except ValueError:
+        jobs = 0
+    if jobs < 1 or str(value).strip() != str(jobs):
+        raise ValueError(f"{name}={value!r} is not valid; allowed: an integer >= 1 (1 = no worker processes)")
+    return jobs
+
+
+class InlinePool(Executor):
+    """An executor that runs each task at once, in this process (``jobs = 1``): the same code path as the process
+    pool, without its start-up cost; an exception is kept in the future, as a process pool does."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001  (delivered by fut.result(), like a worker's exception)
+            fut.set_exception(e)
+        return fut
+
+
+@contextlib.contextmanager
+def worker_pool(jobs: int = 1) -> Iterator[Executor]:
+    """An executor with ``jobs`` worker processes (spawned), or an :class:`InlinePool` for ``jobs = 1``; shut down
+    (waiting for its tasks) on exit, and its pending tasks cancelled when the block raises."""
+    jobs = check_jobs(jobs)
+    if jobs == 1:
+        yield InlinePool()
+        return
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
