@@ -41,9 +41,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from analysis.parallel import InlinePool
+from analysis.parallel import InlinePool, ready
 from experiments.rundir import REPO_ROOT, RunDir, RunFolderError, atomic_path, cache_dir, read_rows, stored_identity
 
 RUNS_ROOT = REPO_ROOT / "results" / "runs"
@@ -85,6 +86,7 @@ class RunSet:
     _eval_files: dict[str, Path] = field(default_factory=dict, repr=False)
     _counts: pd.DataFrame | None = field(default=None, repr=False)
     expansions: dict = field(default_factory=dict, repr=False)
+    _bins: dict = field(default_factory=dict, repr=False)
     """{(sweep file, preset, presets_dir): [(sweep, run id)]}: the sweep files as expanded to match the runs
     (:func:`sweep_members`)."""
 
@@ -125,28 +127,21 @@ class RunSet:
         """Clipped tokens by depth into the rescue zone, summed over the steps of each included run that logged
         ratio_bins.jsonl (tiny backend, token level): run, delta, executor, side (pos | neg), bin (0..n-1 over
         depth [0, 1), n = deeper), clipped, rescued, weight (summed gradient weight of the rescued tokens).
-        ``runs``: only these runs (``sweep/run_id``), so the others' files are not read."""
+        ``runs``: only these runs (``sweep/run_id``). Each file is read once (by load_runs, with the run's other
+        logs); its problems become issues when a call first asks for that run."""
         frames = []
         inc = self.included if runs is None else self.included[self.included["run"].isin(runs)]
         for rec in inc.itertuples():
-            path = RunDir(rec.path).log_path("ratio_bins.jsonl")
-            if not path.exists():
+            if rec.run not in self._bins:
+                self._bins[rec.run] = _run_bins(RunDir(rec.path), rec.run)
+            got = self._bins[rec.run]
+            if got is None:
                 continue
-            rows, bad = read_rows(path)
-            sweep, run_id = rec.sweep, rec.run_id
+            frame, bad = got
             for kind, msg in bad:
-                self._issue(Issue(sweep, run_id, kind, f"ratio_bins.jsonl: {msg}"))
-            if not rows:
-                continue
-            for side in ("pos", "neg"):
-                sums = {w: [sum(col) for col in zip(*(r[f"{side}_{w}"] for r in rows))] for w in BIN_FIELDS}
-                frames.append(
-                    pd.DataFrame(
-                        {"run": rec.run, "delta": rows[0]["delta"], "executor": rows[0]["executor"], "side": side}
-                        | {"bin": range(len(sums["clipped"]))}
-                        | sums
-                    )
-                )
+                self._issue(Issue(rec.sweep, rec.run_id, kind, f"ratio_bins.jsonl: {msg}"))
+            if frame is not None:
+                frames.append(frame)
         if not frames:
             cols = ("run", "delta", "executor", "side", "bin", *BIN_FIELDS)
             return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
@@ -218,8 +213,20 @@ def count_eval(path: Path) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
         for col, value in {"benchmark": "eval", "decoding": "sampled"}.items():
             if col not in table.column_names:
                 table = table.append_column(col, pa.array([value] * len(table)))
-        g = table.group_by(keys).aggregate([("correct", "count"), ("correct", "sum")]).to_pandas()
-        g = g.rename(columns={"correct_count": "n", "correct_sum": "c"})
+        g = table.group_by(keys).aggregate([("correct", "count"), ("correct", "sum")])
+        pid = g.schema.field("problem_id").type
+        if (pa.types.is_integer(pid) or pa.types.is_string(pid)) and pa.types.is_integer(g.schema.field("step").type):
+            # the usual file: ids as text and the sort done by pyarrow (the same order: UTF-8 bytes = code points)
+            g = g.set_column(
+                g.schema.get_field_index("problem_id"), "problem_id", pc.cast(g["problem_id"], pa.string())
+            )
+            g = g.sort_by([(k, "ascending") for k in keys]).to_pandas()
+            g = g.rename(columns={"correct_count": "n", "correct_sum": "c"})
+            g["c"] = g["c"].round().astype("int64")
+            g["n"] = g["n"].astype("int64")
+            g["step"] = g["step"].astype("int64")
+            return g[[*keys, "n", "c"]], []
+        g = g.to_pandas().rename(columns={"correct_count": "n", "correct_sum": "c"})
         problems: list[tuple[str, str]] = []
     else:
         df, problems = read_eval(path)
@@ -302,11 +309,15 @@ def _tensorboard_rows(path: Path) -> list[dict] | None:
 def _steps_frame(rows: list[dict]) -> tuple[pd.DataFrame, list[str]]:
     """(step frame, problems): READ_COLUMNS as floats; a value that is not a finite number is a problem."""
     problems = []
+    df = pd.DataFrame(rows)
     for col in READ_COLUMNS:  # from the rows themselves: a NaN written as such is bad, a missing value (null) is not
+        if col not in df.columns:
+            continue
+        if df[col].dtype.kind in "iuf" and np.isfinite(df[col].to_numpy(dtype=np.float64)).all():
+            continue  # every row has a finite number (no null, bool or string): nothing to look at row by row
         bad = [r.get("step") for r in rows if r.get(col) is not None and not _finite_number(r[col])]
         if bad:
             problems.append(f"{col}: {len(bad)} value(s) not a finite number (first at step {bad[0]})")
-    df = pd.DataFrame(rows)
     if "step" not in df.columns:
         return pd.DataFrame(), ["no step field"] if rows else []
     step = pd.to_numeric(df["step"], errors="coerce")
@@ -417,96 +428,29 @@ def load_runs(
 
     pool = pool if pool is not None else InlinePool()
     cache = str(cache) if cache is not None else None
-    entries = []  # (record or None, the issues found while reading its config and status, its logs' task)
-    for path in find_run_dirs(root):
-        pending: list[tuple] = []
-        issue = lambda *it, _p=pending: _p.append(it)  # noqa: E731  (raised below, in folder order)
-        entries.append((None, pending, None))
-        rel = path.relative_to(root).as_posix() if path != root else path.name
-        sweep_dir = path.parent.name if path != root else "adhoc"
-        rd = RunDir(path)
-        try:
-            config = rd.read_config()
-            if config is None:
-                issue(sweep_dir, path.name, "no_config", "no config.yaml; folder skipped")
-                continue
-        except RunFolderError as e:
-            issue(sweep_dir, path.name, "bad_config", f"config.yaml unreadable ({e}); folder skipped")
-            continue
-        meta = config.pop("meta", None)
-        meta = meta if isinstance(meta, dict) else {}
-        config.pop("preset", None)
-        sweep = meta.get("sweep") if meta.get("sweep") is not None else sweep_dir
-        run_id = meta.get("run_id") if meta.get("run_id") is not None else path.name
-        bad_name = next((f"{k}={v!r}" for k, v in (("sweep", sweep), ("run_id", run_id))
-                         if not isinstance(v, str) or not SAFE_NAME.fullmatch(v)), None)  # fmt: skip
-        if bad_name:
-            issue(sweep_dir, path.name, "bad_meta",
-                  f"{rel}/config.yaml meta.{bad_name} is not valid (allowed: letters, digits and _.+-, not first); "
-                  "folder skipped")  # fmt: skip
-            continue
-        if sweeps is not None and sweep not in sweeps:
-            continue
-        status = rd.status()
-        state = "missing" if status is None else str(status.get("state"))
-        if state == "missing":
-            issue(sweep, run_id, "no_status", "no status.json (never started, or not a run folder)")
-        elif state == "bad":
-            issue(sweep, run_id, "bad_status", f"{status.get('problem')}; excluded")
-        elif state in ("running", "failed", "cancelled"):
-            err = status.get("error")
-            excl = "" if state in states else "; excluded"
-            issue(sweep, run_id, state, f"state {state}" + (f": {err}" if err else "") + excl)
+    # one task per folder (config, status, identity, logs), in the pool's workers; the issues raised in folder order
+    paths, entries = [str(p) for p in find_run_dirs(root)], []
+    while len(entries) < len(paths) and not ready(pool):  # its workers are starting: read folders here meanwhile
+        entries.append(_read_folder(paths[len(entries)], str(root), tuple(states), sweeps, cache))
+    tasks = [pool.submit(_read_folder, p, str(root), tuple(states), sweeps, cache) for p in paths[len(entries) :]]
+    entries += [t.result() for t in tasks]
 
-        flat = flatten(config)
-        try:  # identity: the config as today's code reads it (what the sweep files' expansions are matched against)
-            ident = stored_identity({**config, "meta": meta}, f"{rel}/config.yaml")
-        except RunFolderError as e:
-            issue(sweep, run_id, "bad_config", f"{e}; skipped")
-            continue
-        config_hash, run_hash = ident.recomputed, ident.run_hash
-        point = meta.get("point") if isinstance(meta.get("point"), dict) else {}
-        arm = str(meta.get("arm") or flat.get("loss.rule", "run"))
-        seed = meta.get("seed", flat.get("seed"))
-        rec = {
-            "run": f"{sweep}/{run_id}",
-            "folder": rel,
-            "hash": run_hash,
-            "config_hash": config_hash,
-            "legacy": ident.legacy,
-            "git_commit": meta.get("git_commit"),
-            "sweep": sweep,
-            "run_id": run_id,
-            "path": str(path),
-            "state": state,
-            "included": state in states,
-            "arm": arm,
-            "label": make_label(arm, point),
-            "seed": seed,
-            "baseline": meta.get("baseline"),
-            "point": dict(point),
-            "error": (status or {}).get("error"),
-            "problem": "",
-            **flat,
-            **{f"meta.{k}": v for k, v in flatten(meta).items() if k not in ("sweep", "arm", "seed", "baseline")},
-        }
-        task = pool.submit(_read_logs, rec, str(path), cache) if rec["included"] else None
-        entries[-1] = (rec, pending, task)
-
-    records, frames, counts = [], {}, {}
-    for rec, pending, task in entries:
+    records, frames, counts, bins = [], {}, {}, {}
+    for rec, pending, logs in entries:
         for it in pending:
             raise_issue(*it)
         if rec is None:
             continue
-        if task is not None:
-            rec, steps, c, read_issues = task.result()
+        if logs is not None:
+            rec, steps, c, run_bins, read_issues = logs
             for it in read_issues:
                 raise_issue(*it)
             if steps is not None:
                 frames[rec["run"]] = steps
             if c is not None:
                 counts[rec["run"]] = c
+            if rec["included"]:
+                bins[rec["run"]] = run_bins
         records.append(rec)
 
     runs = pd.DataFrame(records)
@@ -540,7 +484,7 @@ def load_runs(
     eval_files = {run: RunDir(p).eval_path for run, p in zip(runs["run"], runs["path"]) if run in keep}
     eval_files = {r: p for r, p in eval_files.items() if p.exists()}
     rs = RunSet(root, runs.reset_index(drop=True), steps, issues, members, notes, _eval_files=eval_files,
-                expansions=expansions)  # fmt: skip
+                expansions=expansions, _bins={r: b for r, b in bins.items() if r in keep})  # fmt: skip
     parts = [c for r, c in counts.items() if r in keep and c is not None and len(c)]
     cols = {c: pd.Series(dtype=object) for c in COUNT_KEYS} | {"n": pd.Series(dtype="int64")}
     rs._counts = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(cols | {"c": cols["n"]})
@@ -550,26 +494,134 @@ def load_runs(
     return rs
 
 
+def _read_folder(path: str, root: str, states: tuple, sweeps, cache: str | None) -> tuple:
+    """One task of :func:`load_runs` (in a worker process, or here): one run folder's record, the issues found in
+    its config and status as (sweep, run_id, kind, message), and, for an included run, what :func:`_read_logs`
+    returns; (None, issues, None) for a folder that is skipped."""
+    path, root = Path(path), Path(root)
+    pending: list[tuple] = []
+    issue = lambda *it: pending.append(it)  # noqa: E731
+    rel = path.relative_to(root).as_posix() if path != root else path.name
+    sweep_dir = path.parent.name if path != root else "adhoc"
+    rd = RunDir(path)
+    try:
+        config = rd.read_config()
+        if config is None:
+            issue(sweep_dir, path.name, "no_config", "no config.yaml; folder skipped")
+            return None, pending, None
+    except RunFolderError as e:
+        issue(sweep_dir, path.name, "bad_config", f"config.yaml unreadable ({e}); folder skipped")
+        return None, pending, None
+    meta = config.pop("meta", None)
+    meta = meta if isinstance(meta, dict) else {}
+    config.pop("preset", None)
+    sweep = meta.get("sweep") if meta.get("sweep") is not None else sweep_dir
+    run_id = meta.get("run_id") if meta.get("run_id") is not None else path.name
+    bad_name = next((f"{k}={v!r}" for k, v in (("sweep", sweep), ("run_id", run_id))
+                     if not isinstance(v, str) or not SAFE_NAME.fullmatch(v)), None)  # fmt: skip
+    if bad_name:
+        issue(sweep_dir, path.name, "bad_meta",
+              f"{rel}/config.yaml meta.{bad_name} is not valid (allowed: letters, digits and _.+-, not first); "
+              "folder skipped")  # fmt: skip
+        return None, pending, None
+    if sweeps is not None and sweep not in sweeps:
+        return None, pending, None
+    status = rd.status()
+    state = "missing" if status is None else str(status.get("state"))
+    if state == "missing":
+        issue(sweep, run_id, "no_status", "no status.json (never started, or not a run folder)")
+    elif state == "bad":
+        issue(sweep, run_id, "bad_status", f"{status.get('problem')}; excluded")
+    elif state in ("running", "failed", "cancelled"):
+        err = status.get("error")
+        excl = "" if state in states else "; excluded"
+        issue(sweep, run_id, state, f"state {state}" + (f": {err}" if err else "") + excl)
+
+    flat = flatten(config)
+    try:  # identity: the config as today's code reads it (what the sweep files' expansions are matched against)
+        ident = stored_identity({**config, "meta": meta}, f"{rel}/config.yaml")
+    except RunFolderError as e:
+        issue(sweep, run_id, "bad_config", f"{e}; skipped")
+        return None, pending, None
+    config_hash, run_hash = ident.recomputed, ident.run_hash
+    point = meta.get("point") if isinstance(meta.get("point"), dict) else {}
+    arm = str(meta.get("arm") or flat.get("loss.rule", "run"))
+    seed = meta.get("seed", flat.get("seed"))
+    rec = {
+        "run": f"{sweep}/{run_id}",
+        "folder": rel,
+        "hash": run_hash,
+        "config_hash": config_hash,
+        "legacy": ident.legacy,
+        "git_commit": meta.get("git_commit"),
+        "sweep": sweep,
+        "run_id": run_id,
+        "path": str(path),
+        "state": state,
+        "included": state in states,
+        "arm": arm,
+        "label": make_label(arm, point),
+        "seed": seed,
+        "baseline": meta.get("baseline"),
+        "point": dict(point),
+        "error": (status or {}).get("error"),
+        "problem": "",
+        **flat,
+        **{f"meta.{k}": v for k, v in flatten(meta).items() if k not in ("sweep", "arm", "seed", "baseline")},
+    }
+    if not rec["included"]:
+        return rec, pending, None
+    return rec, pending, _read_logs(rec, str(path), cache)
+
+
 def _read_logs(
-    rec: dict, path: str, cache: str | None = None
-) -> tuple[dict, pd.DataFrame | None, pd.DataFrame | None, list[tuple]]:
+    rec: dict, path: str, cache: str | None = None, key: str | None = None
+) -> tuple[dict, pd.DataFrame | None, pd.DataFrame | None, tuple | None, list[tuple]]:
     """One task of :func:`load_runs` (run in a worker process or here): read one included run's logs. Returns the
-    record (updated as :func:`_read_run` does), its step frame and eval counts (None when absent or excluded) and
-    the issues found, as (sweep, run_id, kind, message) in the order found. With ``cache`` (a folder), the result
-    is kept there under :func:`log_key` and taken from there when the key matches."""
+    record (updated as :func:`_read_run` does), its step frame and eval counts (None when absent or excluded), its
+    ratio bins (:func:`_run_bins`) and the issues found, as (sweep, run_id, kind, message) in the order found.
+    With ``cache`` (a folder), the result is kept there under ``key`` (:func:`log_key`, computed when not given)."""
     rd = RunDir(Path(path))
-    key = log_key(rec, rd) if cache is not None else None
-    if key is not None:
+    if cache is not None and key is None:
+        key = log_key(rec, rd)
+    if cache is not None and key is not None:
         hit = _cache_get(Path(cache), key)
         if hit is not None:
-            updates, steps, c, found = hit
-            return {**rec, **updates}, steps, c, found
+            return _restore(rec, hit)
     frames, counts, found = {}, {}, []
     _read_run(rec, rd, frames, counts, lambda *it: found.append(it))
-    out = rec, frames.get(rec["run"]), counts.get(rec["run"]), found
-    if key is not None:
+    bins = _run_bins(rd, rec["run"]) if rec["included"] else None
+    out = rec, frames.get(rec["run"]), counts.get(rec["run"]), bins, found
+    if cache is not None and key is not None:
         _cache_put(Path(cache), key, ({k: rec[k] for k in READ_UPDATES if k in rec}, *out[1:]))
     return out
+
+
+def _restore(rec: dict, hit: tuple):
+    updates, *rest = hit
+    return {**rec, **updates}, *rest
+
+
+def _run_bins(rd: RunDir, run: str) -> tuple[pd.DataFrame | None, list[tuple[str, str]]] | None:
+    """One run's ratio_bins.jsonl summed over its steps, per side and bin (a frame of :meth:`RunSet.ratio_bins`), and
+    the problems read_rows found; None when the run has no such file."""
+    path = rd.log_path("ratio_bins.jsonl")
+    if not path.exists():
+        return None
+    rows, bad = read_rows(path)
+    if not rows:
+        return None, bad
+    frames = []
+    for side in ("pos", "neg"):
+        sums = {w: [sum(col) for col in zip(*(r[f"{side}_{w}"] for r in rows))] for w in BIN_FIELDS}
+        frames.append(
+            pd.DataFrame(
+                {"run": run, "delta": rows[0]["delta"], "executor": rows[0]["executor"], "side": side}
+                | {"bin": range(len(sums["clipped"]))}
+                | sums
+            )
+        )
+    return pd.concat(frames, ignore_index=True), bad
 
 
 # ---------------------------------------------------------------------------------------------- parsed-log cache
@@ -601,14 +653,14 @@ def _code_key() -> str:
 
 def log_key(rec: dict, rd: RunDir) -> str | None:
     """sha256 over the reading code (:data:`CACHE_SOURCES`, the pandas / pyarrow / numpy versions), the record fields
-    the reading uses and the bytes of metrics.jsonl and the eval file; None (not cached) for a run without
-    metrics.jsonl (its metrics come from TensorBoard event files, read each time)."""
+    the reading uses and the bytes of metrics.jsonl, the eval file and ratio_bins.jsonl(.gz); None (not cached) for a
+    run without metrics.jsonl (its metrics come from TensorBoard event files, read each time)."""
     if not rd.metrics_path.is_file():
         return None
     h = hashlib.sha256(_code_key().encode())
     fields = {k: rec.get(k) for k in READ_INPUTS}
     h.update(json.dumps(fields, sort_keys=True, default=repr).encode())
-    for p in (rd.metrics_path, rd.eval_path):
+    for p in (rd.metrics_path, rd.eval_path, rd.log_path("ratio_bins.jsonl")):
         h.update(b"\0" + p.name.encode() + b"\0")
         if p.is_file():
             h.update(p.read_bytes())
@@ -719,15 +771,15 @@ def _eval_problems(c: pd.DataFrame, last_step: int | None) -> list[str]:
     if not len(c):
         return ["eval file has no rows"]
     out = []
-    final = int(c["step"].max())
+    step, dec, n = c["step"].to_numpy(), c["decoding"].to_numpy(dtype=object), c["n"].to_numpy()
+    final = int(step.max())
     if last_step is not None and final < last_step:
         out.append(f"final eval missing (last eval at step {final}, last metric step {last_step})")
-    first = c[c["step"] == c["step"].min()]
-    fin = c[c["step"] == final]
-    for dec, g in first.groupby("decoding"):
-        f = fin[fin["decoding"] == dec]
-        if len(f) < len(g) or (len(f) and int(f["n"].sum()) < int(g["n"].sum())):
-            out.append(f"final eval cut short ({dec}: {int(f['n'].sum())} of {int(g['n'].sum())} samples)")
+    first, fin = step == step.min(), step == final
+    for d in sorted(set(dec[first])):
+        g, f = first & (dec == d), fin & (dec == d)
+        if f.sum() < g.sum() or (f.any() and int(n[f].sum()) < int(n[g].sum())):
+            out.append(f"final eval cut short ({d}: {int(n[f].sum())} of {int(n[g].sum())} samples)")
     return out
 
 

@@ -6,6 +6,7 @@
 
 What it writes (idempotent: the same runs give byte-identical files), every file under --out:
     <out>/tables/<sweep>.md|.tex      arms x metrics, mean [95% t-interval] over seeds; paired differences vs baseline
+                                      (<sweep>_sweep.md for a sweep named like a fixed table: main_sweep.md)
     <out>/tables/<sweep>_runs.csv     one row per run: every summary metric (analysis.summary)
     <out>/tables/main.md|.tex         the paper's reported numbers (results/paper/main.csv) next to the main sweep
     <out>/tables/claims.md            each claim: supports / contradicts / not reproduced at this scale / inconclusive
@@ -15,6 +16,10 @@ What it writes (idempotent: the same runs give byte-identical files), every file
                   pass_at_k.png, clip_depth.png, screening.png (every arm of related / dgg minus hard)
     <out>/report.html                 one static page: claims, forest plot, every figure and table, run counts, issues
 and rewrites the claims block of results/README.md between ``<!-- claims:start -->`` and ``<!-- claims:end -->``.
+The outputs of a sweep that has no counted run any more (its ``<sweep>_runs.csv`` is not rewritten) are removed.
+Run folders' logs are read and figures drawn by worker processes (``--jobs``), and each run's parsed logs are kept
+in a cache (``$NSR_CACHE_DIR/analysis``, else ``cache/analysis``; ``--no-cache``) keyed by the files' bytes and the
+reading code: a rerun parses only new or changed runs. Neither changes a byte of the outputs.
 A config is one run wherever its folders are (shared by sweeps, or copied): counted once per sweep that has it.
 Runs that are incomplete, not done or copies are excluded from every table, figure and claim, with counts on
 stderr and in status.md; runs of `make demo` (sweep ``demo``) are never tabled.
@@ -58,6 +63,16 @@ PARALLEL_MIN_RUNS = 32
 than they save."""
 NOT_TABLED = ("demo",)
 """Sweeps make_all never tables: `make demo`'s runs (results/runs/demo), drawn by analysis.demo itself."""
+
+
+FIXED_TABLES = ("main", "claims", "posthoc", "status", "judge_collapse", "stage_a", "stage_a2")
+"""Tables make_all always names so (tables/<name>.md): a sweep of one of these names gets tables/<sweep>_sweep.md."""
+
+
+def table_name(sweep: str) -> str:
+    """The file stem of a sweep's arm table: the sweep's name, or ``<sweep>_sweep`` where that is a fixed table's
+    (the ``main`` sweep's arms would otherwise be overwritten by the paper table, tables/main.md)."""
+    return f"{sweep}_sweep" if sweep in FIXED_TABLES else sweep
 
 
 class OutputError(ValueError):
@@ -315,8 +330,9 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
 
     for sweep in sweeps:
         t = tables.sweep_tables(summary, sweep)
-        files.append(write_text(tab(f"{sweep}.md"), t["md"], out))
-        files.append(write_text(tab(f"{sweep}.tex"), t["tex"], out))
+        name = table_name(sweep)
+        files.append(write_text(tab(f"{name}.md"), t["md"], out))
+        files.append(write_text(tab(f"{name}.tex"), t["tex"], out))
         rows = summary[summary["sweep"] == sweep].drop(columns=["point"])
         # per-benchmark columns (pass@k[bench], greedy[bench]) of benchmarks no run of this sweep evaluates on
         rows = rows.drop(columns=[c for c in rows.columns if c.endswith("]") and rows[c].isna().all()])
@@ -364,8 +380,29 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
         legacy_note(inc),
     )  # fmt: skip
     files.append(write_text(inside(out / "report.html", out), page, out))
+    for gone in prune_stale(tab_dir, fig_dir, files):
+        say(f"removed {gone}: an output of a sweep that has no counted run any more")
     return {"files": files, "status": report, "claims": results, "posthoc": posthoc, "issues": rs.issues,
             "summary": summary}  # fmt: skip
+
+
+def prune_stale(tab_dir: Path, fig_dir: Path, written) -> list[Path]:
+    """Remove the per-sweep outputs of sweeps that were not written this time (their runs were deleted or moved):
+    for each ``<sweep>_runs.csv`` not written, ``<sweep>.md|.tex|_runs.csv`` and ``<sweep>_dynamics.png|pdf|svg``.
+    A file written this time is never removed (``main.md`` is also the paper table); returns the removed files."""
+    keep = {Path(p).resolve() for p in written}
+    gone = []
+    for csv in sorted(Path(tab_dir).glob("*_runs.csv")):
+        if csv.resolve() in keep:
+            continue
+        name = csv.name[: -len("_runs.csv")]
+        stale = [tab_dir / f"{table_name(name)}{ext}" for ext in (".md", ".tex")] + [csv]
+        stale += [fig_dir / f"{name}_dynamics.{ext}" for ext in ("png", "pdf", "svg")]
+        for p in stale:
+            if p.is_file() and p.resolve() not in keep:
+                p.unlink()
+                gone.append(p)
+    return gone
 
 
 def _excluded_counts(rs: RunSet) -> dict[str, int]:

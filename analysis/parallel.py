@@ -5,10 +5,12 @@
         fut = pool.submit(fn, *args)               # fn and args must pickle (a module-level function)
         fut.result()
 
-Workers are started with ``spawn`` (a fresh interpreter that imports what ``fn`` needs), never ``fork``: the caller
-may hold threads (pyarrow's, torch's, a test runner's) whose locks a forked child would inherit held. What a worker
-computes does not depend on which process runs it, so ``--jobs 1`` and ``--jobs 8`` write byte-identical files
-(tests/test_analysis_make_all.py checks it).
+Workers come from a fork server (a fresh interpreter that imports the analysis once, then forks each worker), or are
+spawned where there is none; never forked from the caller, which may hold threads (pyarrow's, torch's, a test
+runner's) whose locks a forked child would inherit held. What a worker computes does not depend on which process
+runs it, so ``--jobs 1`` and ``--jobs 8`` write byte-identical files (tests/test_analysis_make_all.py checks it).
+As with any multiprocessing code, a script that starts a pool must guard its top level with
+``if __name__ == "__main__":`` (the workers import the main module).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 
@@ -49,6 +52,30 @@ def check_jobs(value, name: str = "jobs") -> int:
     return jobs
 
 
+class _Warmup:
+    """Starts ``pool``'s workers in a thread: the first submit blocks while the fork server imports the analysis
+    (seconds), and the caller can work meanwhile (:func:`ready` says when the workers take tasks)."""
+
+    def __init__(self, pool: ProcessPoolExecutor):
+        self._probe: Future | None = None
+        self._thread = threading.Thread(target=self._start, args=(pool,), daemon=True)
+        self._thread.start()
+
+    def _start(self, pool: ProcessPoolExecutor) -> None:
+        try:
+            self._probe = pool.submit(os.getpid)
+        except RuntimeError:  # shut down before it started
+            pass
+
+    def ready(self) -> bool:
+        return self._probe is not None and self._probe.done()
+
+
+def ready(pool: Executor) -> bool:
+    """Whether ``pool`` runs tasks at once: an inline pool always; a worker pool once its first worker answered."""
+    return getattr(pool, "ready", lambda: True)()
+
+
 class InlinePool(Executor):
     """An executor that runs each task at once, in this process (``jobs = 1``): the same code path as the process
     pool, without its start-up cost; an exception is kept in the future, as a process pool does."""
@@ -62,6 +89,20 @@ class InlinePool(Executor):
         return fut
 
 
+PRELOAD = ("analysis.make_all",)
+"""What the fork server imports once, before it forks the workers (everything a task needs)."""
+
+
+def _context():
+    """``forkserver`` where the platform has it (Linux): one fresh interpreter imports :data:`PRELOAD` once and forks
+    each worker from that clean, single-threaded state; else ``spawn`` (each worker imports on its own)."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
 @contextlib.contextmanager
 def worker_pool(jobs: int = 1) -> Iterator[Executor]:
     """An executor with ``jobs`` worker processes (spawned), or an :class:`InlinePool` for ``jobs = 1``; shut down
@@ -70,7 +111,9 @@ def worker_pool(jobs: int = 1) -> Iterator[Executor]:
     if jobs == 1:
         yield InlinePool()
         return
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_context())
+    warm = _Warmup(pool)
+    pool.ready = warm.ready  # type: ignore[attr-defined]
     try:
         yield pool
     except BaseException:

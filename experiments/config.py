@@ -348,8 +348,13 @@ class RunConfig:
         return project(self.to_dict(), IDENTITY[self.backend])
 
     def run_hash(self) -> str:
-        """8 hex of sha256 over the canonical sorted JSON of :meth:`identity`."""
-        return _sha8(self.identity())
+        """8 hex of sha256 over the canonical sorted JSON of :meth:`identity` (kept on the instance: a RunConfig and
+        every section in it are frozen, their sequences tuples)."""
+        h = self.__dict__.get("_run_hash")
+        if h is None:
+            h = _sha8(self.identity())
+            object.__setattr__(self, "_run_hash", h)
+        return h
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

@@ -2,8 +2,9 @@
 
 The grid: sweeps/{delta, judge_executor, rescue_vs_decay}.yaml expanded by the real ``experiments.sweep.expand`` with a
 small preset (30 steps, eval of 256 prompts x 4 samples), each run written by analysis.synth with an arm effect we
-choose, so the claims the effects imply must come out. Then make_all twice: every file present and non-empty,
-byte-identical the second time, README block rewritten in place, missing runs listed.
+choose, so the claims the effects imply must come out. Then make_all twice (with two worker processes, then inline
+from the parsed-log cache the first filled): every file present and non-empty, byte-identical the second time,
+README block rewritten in place, missing runs listed.
 """
 
 import os
@@ -81,9 +82,9 @@ def grid(tmp_path_factory):
     readme.write_text("# Title\n\nintro\n\n<!-- claims:start -->\nold block\n<!-- claims:end -->\n\n## Next\ntext\n")
     out = root / "out"
     kw = dict(readme=readme, sweeps_dir=sweeps_dir, presets_dir=presets, quiet=True)
-    first = make_all.make_all(runs, out, **kw)
+    first = make_all.make_all(runs, out, jobs=2, cache=root / "cache", **kw)  # worker processes, cache filled
     snapshot = {p: p.read_bytes() for p in first["files"]}
-    second = make_all.make_all(runs, out, **kw)
+    second = make_all.make_all(runs, out, jobs=1, cache=root / "cache", **kw)  # inline, every run from the cache
     return {
         "written": written,
         "root": root,
