@@ -245,8 +245,11 @@ def test_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
     args = ["--dir", str(tmp_path), "--sweeps", "1", "--arms", "2", "--seeds", "2", "--steps", "20", "--every", "10"]
     assert bench.main([*args, "--prompts", "8", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "grid: 4 runs x 20 steps" in out and "median wall" in out
-    assert (tmp_path / "out" / "tables" / "sweep0.md").exists()
+    assert "grid: 4 runs x 20 steps" in out and "make_all cold" in out and "median wall" in out
+    assert (tmp_path / "out" / "tables" / "sweep0.md").exists() and not (tmp_path / "cache").exists()
+    assert bench.main([*args, "--prompts", "8", "--repeats", "1", "--warm"]) == 0
+    assert "make_all warm (cached logs)" in capsys.readouterr().out
+    assert len(list((tmp_path / "cache" / "analysis").rglob("*.pkl.z"))) == 4  # one entry per run
 
 
 def test_screening_forest_lists_every_arm_once_with_the_table_interval(tmp_path):
