@@ -32,6 +32,7 @@ import os
 import sys
 import time
 import warnings
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -460,6 +461,9 @@ def main(argv=None) -> int:
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenProcessPool as e:  # a worker was killed (out of memory, a signal); a rerun rewrites every file
+        print(f"error: a worker process died ({e}); rerun with --jobs 1 (one process) or fewer jobs", file=sys.stderr)
+        return 1
     verdicts = ", ".join(f"{r['claim'].id}: {r['verdict']}" for r in res["claims"])
     print(f"claims: {verdicts}")
     print(f"wrote {len(res['files'])} files under {a.out} in {time.perf_counter() - t0:.1f} s")

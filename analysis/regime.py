@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import yaml
 
 from analysis.dose import dose_matched_width
 from analysis.stats import mde, n_paired
-from analysis.summary import WARM_START, in_late_window
+from analysis.summary import WARM_START, in_late_window, pairs
 
 REGIME_FILE = Path(__file__).resolve().parent / "regime.yaml"
 
@@ -189,12 +190,15 @@ def _mean(xs) -> float:
     return float(np.mean(xs)) if xs else math.nan
 
 
+def _keys(runs: list[RunStats]) -> list[tuple]:
+    """Each run's pairing key by THE rule, :func:`analysis.summary.pairs` (same seed, same warm start)."""
+    return pairs(pd.DataFrame({"seed": [r.seed for r in runs], "warm_start": [r.warm_start for r in runs]}))
+
+
 def _paired(a: list[RunStats], b: list[RunStats], attr: str) -> np.ndarray:
-    """a - b over the pairs both have: the same seed and the same warm start (analysis.summary.pairs)."""
-    bb = {(r.seed, r.warm_start): getattr(r, attr) for r in b}
-    return np.array(
-        [getattr(r, attr) - bb[(r.seed, r.warm_start)] for r in a if (r.seed, r.warm_start) in bb], dtype=np.float64
-    )
+    """a - b over the pairs both have (:func:`_keys`), in the order of ``a``."""
+    bb = {k: getattr(r, attr) for k, r in zip(_keys(b), b)}
+    return np.array([getattr(r, attr) - bb[k] for k, r in zip(_keys(a), a) if k in bb], dtype=np.float64)
 
 
 def candidate_readout(

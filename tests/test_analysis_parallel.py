@@ -65,6 +65,17 @@ def test_make_all_refuses_a_bad_jobs_value(tmp_path, capsys):
         make_all.make_all(FIXTURE, tmp_path, jobs=0, quiet=True)
 
 
+def test_a_dead_worker_is_reported_with_what_to_do(tmp_path, capsys, monkeypatch):
+    from concurrent.futures.process import BrokenProcessPool
+
+    def dies(*a, **k):
+        raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+    monkeypatch.setattr(make_all, "make_all", dies)
+    assert make_all.main(["--runs", str(FIXTURE), "--out", str(tmp_path), "--no-cache"]) == 1
+    assert "rerun with --jobs 1" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------ workers
 @pytest.mark.slow  # worker processes / the whole pipeline: make test-fast skips it
 def test_loading_in_worker_processes_gives_the_inline_result():
