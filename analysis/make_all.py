@@ -36,6 +36,11 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from types import SimpleNamespace
 
+from analysis.parallel import JOBS_ENV, MAX_DEFAULT_JOBS, check_jobs, default_jobs, prestart, worker_pool
+
+if __name__ == "__main__":  # the command line: the workers' fork server imports the analysis while this process does
+    prestart(sys.argv[1:])
+
 from analysis import claims as claims_mod
 from analysis import collapse, figures, regime, tables
 from analysis import report as report_mod
@@ -49,7 +54,6 @@ from analysis.load import (
     prune_log_cache,
     status_report,
 )
-from analysis.parallel import JOBS_ENV, MAX_DEFAULT_JOBS, check_jobs, default_jobs, worker_pool
 from analysis.summary import eval_curves, summarize
 from experiments.rundir import REPO_ROOT
 

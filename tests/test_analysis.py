@@ -72,6 +72,17 @@ def test_pass_at_k_is_the_nearest_float_to_the_exact_fraction():
         assert stats.pass_at_k([n], [c], k)[0] == float(exact)
 
 
+def test_pass_at_k_lookup_table_and_sorting_paths_agree(monkeypatch):
+    rng = np.random.default_rng(3)
+    n = rng.integers(1, 40, 5000)
+    c = rng.integers(0, 40, 5000) % (n + 1)
+    by_table = {k: stats.pass_at_k(n, c, k) for k in (1, 2, 8, 16)}
+    monkeypatch.setattr(stats, "PASS_TABLE_MAX", 0)  # every key beyond the table: np.unique
+    for k, got in by_table.items():
+        np.testing.assert_array_equal(got, stats.pass_at_k(n, c, k))
+        assert np.isnan(got[n < k]).all() and not np.isnan(got[n >= k]).any()
+
+
 def test_interval_is_student_t_with_scipy_quantiles():
     for df, q in [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)]:
         assert stats.t_quantile(0.95, df) == pytest.approx(q, abs=1e-4)

@@ -196,3 +196,86 @@ def test_excluded_runs_are_counted_on_stderr(tmp_path, capsys):
     counts = make_all.warn_excluded(rs)
     err = capsys.readouterr().err
     assert counts == {"incomplete": 1} and "1 run folder(s) excluded" in err and "3 of 6 metric rows" in err
+
+
+# ----------------------------------------------------------------------------------------- the fast readers
+# metrics.jsonl and ratio_bins.jsonl are parsed by pyarrow when they are plain; anything else falls back to the
+# line-by-line reading. Both must give the same frames, so every kind of file is read both ways here.
+def _both_metric_readings(path: Path):
+    from analysis import load as load_mod
+    from experiments.rundir import read_rows
+
+    table = load_mod._arrow_table(path)
+    fast = None if table is None else load_mod._metrics_table_frame(table)
+    slow = load_mod._steps_frame(read_rows(path)[0])
+    return (None if fast is None else load_mod._steps_frame([], fast)), slow
+
+
+@pytest.mark.parametrize(
+    "edit, fast",
+    [
+        (lambda rows: rows, True),
+        (lambda rows: [{**r, "phase": "rl", "gated": r["step"] % 2 == 0} for r in rows], True),  # text, booleans
+        (lambda rows: [{**r, "entropy": None if r["step"] == 2 else r["entropy"]} for r in rows], True),  # a null
+        (lambda rows: [{**r, "extra": 1 if r["step"] < 3 else 0.5} for r in rows], True),  # ints, then floats
+        (lambda rows: [*rows[:-1], {k: v for k, v in rows[-1].items() if k != "rescue_frac"}], True),  # a missing one
+        (lambda rows: [{**r, "hist": [1, 2]} for r in rows], False),  # a list: not a plain column
+        (lambda rows: [*rows[:-1], {**rows[-1], "reward_mean": float("nan")}], False),  # NaN: pyarrow takes it
+        (lambda rows: [*rows[:-1], {**rows[-1], "clip_frac_low": 1e400}], False),  # Infinity
+        (lambda rows: [*rows[:-1], {**rows[-1], "entropy": "high"}], False),  # a type change: pyarrow refuses
+    ],
+)
+def test_metrics_read_by_pyarrow_equal_the_line_by_line_reading(tmp_path, edit, fast):
+    import pandas as pd
+
+    root = fixture_copy(tmp_path)
+    d = run_dir(root, "soft-s2")
+    rewrite_metrics(d, edit)
+    quick, slow = _both_metric_readings(d / "metrics.jsonl")
+    assert (quick is not None) == fast
+    if quick is not None:
+        pd.testing.assert_frame_equal(quick[0], slow[0], check_exact=True)
+        assert quick[1] == slow[1] == []
+
+
+@pytest.mark.parametrize(
+    "edit, fast",
+    [
+        (lambda r: r, True),
+        (lambda r: {**r, "pos_weight": [0.1, 0.2, 0.3]} if r["step"] == 2 else r, False),  # a shorter list
+        (lambda r: {**r, "neg_rescued": None} if r["step"] == 1 else r, False),  # a null
+        (lambda r: {**r, "pos_weight": [float("nan"), 0.0, 0.0, 0.0]} if r["step"] == 3 else r, False),  # NaN
+    ],
+)
+def test_ratio_bins_read_by_pyarrow_equal_the_line_by_line_sums(tmp_path, edit, fast):
+    import numpy as np
+    import pandas as pd
+
+    from analysis import load as load_mod
+    from experiments.rundir import RunDir
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for s in (1, 2, 3):
+        row = {"step": s, "delta": 0.2, "executor": "noisy"}
+        for side in ("pos", "neg"):
+            row |= {
+                f"{side}_clipped": rng.integers(0, 50, 4).tolist(),
+                f"{side}_rescued": rng.integers(0, 9, 4).tolist(),
+            }
+            row[f"{side}_weight"] = rng.random(4).round(6).tolist()  # float sums depend on the order of the adds
+        rows.append(edit(row))
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "ratio_bins.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = load_mod._arrow_table(d / "ratio_bins.jsonl")
+    assert (table is not None and load_mod._bin_sums(table) is not None) == fast
+    if fast:
+        got, bad = load_mod._run_bins(RunDir(d), "r")
+        want = pd.DataFrame(
+            [{"run": "r", "delta": 0.2, "executor": "noisy", "side": side, "bin": b}
+             | {w: sum(r[f"{side}_{w}"][b] for r in rows) for w in ("clipped", "rescued", "weight")}
+             for side in ("pos", "neg") for b in range(4)]
+        )  # fmt: skip
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+        assert bad == []

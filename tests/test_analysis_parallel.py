@@ -4,7 +4,10 @@ The fixture folder (tests/fixtures/runs) holds good runs and broken ones (no con
 corrupt, a truncated and a cut eval file), so the issues, their order and the exclusions are compared too.
 """
 
+import os
 import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from analysis.load import RunWarning, load_runs, log_cache_dir, prune_log_cache
 from analysis.parallel import InlinePool, check_jobs, default_jobs, ready, worker_pool
 
 FIXTURE = Path(__file__).parent / "fixtures" / "runs"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def quiet_load(root, **kw):
@@ -160,3 +164,52 @@ def test_outputs_of_a_sweep_without_runs_are_removed(tmp_path):
     assert not any(p.exists() for p in ghost)
     assert (out / "figures" / "demo_dynamics.png").exists()  # not a tabled sweep's output: kept
     assert all(Path(p).exists() for p in res["files"])
+
+
+# ------------------------------------------------------------------------------------------------ the command line
+PRESTART = """
+import os, sys
+from analysis.parallel import prestart
+
+prestart(sys.argv[1:])
+
+def parent(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+    except OSError:  # gone meanwhile
+        return None
+
+
+print(sum(parent(p) == str(os.getpid()) for p in os.listdir("/proc") if p.isdigit()))  # fork server, its tracker
+"""
+
+
+@pytest.mark.slow  # starts interpreters: make test-fast skips it
+@pytest.mark.parametrize(
+    "argv, env, started",
+    [
+        ([], {}, True),
+        (["--jobs", "2"], {}, True),
+        (["--jobs", "1"], {}, False),
+        ([], {"NSR_JOBS": "1"}, False),
+        (["-h"], {}, False),
+    ],
+)
+def test_the_command_line_starts_the_fork_server_only_when_it_will_use_workers(argv, env, started):
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc (Linux)")
+    environ = {k: v for k, v in os.environ.items() if k != "NSR_JOBS"} | env
+    out = subprocess.run([sys.executable, "-c", PRESTART, *argv], capture_output=True, text=True, env=environ,
+                         cwd=REPO, check=True)  # fmt: skip
+    assert (int(out.stdout.strip()) > 0) == started
+
+
+@pytest.mark.slow  # worker processes / the whole pipeline: make test-fast skips it
+def test_python_dash_m_make_all_with_workers_prints_no_warnings(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "analysis.make_all", "--runs", str(FIXTURE), "--out", str(tmp_path), "--no-readme",
+         "--jobs", "2", "--no-cache", "--sweeps-dir", str(tmp_path / "no-sweeps")],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr and "wrote " in out.stdout  # runpy warned in each worker, once
