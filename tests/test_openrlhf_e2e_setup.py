@@ -134,6 +134,22 @@ def test_tokenizer_round_trips_bytes_and_problems_split(tmp_path):
     assert toy.problems() == (train, held_out)  # seeded
 
 
+def test_the_toy_model_is_seeded_without_touching_the_global_generator():
+    import torch
+
+    cfg = load_config(CPU_PRESET)
+    tok = toy.build_tokenizer()
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a, b = toy.build_model(cfg, tok), toy.build_model(cfg, tok)
+    assert torch.equal(torch.random.get_rng_state(), before)  # the caller's random stream is not moved
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name  # the same weights every time
+    torch.manual_seed(7)
+    c = toy.build_model(cfg, tok)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values()))
+
+
 def test_write_data_writes_what_the_run_draws(tmp_path):
     cfg = load_config(
         CPU_PRESET,

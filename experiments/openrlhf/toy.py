@@ -143,8 +143,9 @@ def build_model(cfg: RunConfig, tokenizer):
         eos_token_id=eos,
         pad_token_id=eos,
     )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    with torch.random.fork_rng(devices=[]):  # transformers draws the init from torch's global generator: seed it
+        torch.manual_seed(0)  # here, and give the caller's global state back untouched
+        model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = eos
     return model
