@@ -86,9 +86,10 @@ class RunSet:
     _eval_files: dict[str, Path] = field(default_factory=dict, repr=False)
     _counts: pd.DataFrame | None = field(default=None, repr=False)
     expansions: dict = field(default_factory=dict, repr=False)
-    _bins: dict = field(default_factory=dict, repr=False)
     """{(sweep file, preset, presets_dir): [(sweep, run id)]}: the sweep files as expanded to match the runs
     (:func:`sweep_members`)."""
+    _bins: dict = field(default_factory=dict, repr=False)
+    """{run: what :func:`_run_bins` returned}: each run's ratio bins, read once."""
 
     @property
     def included(self) -> pd.DataFrame:
@@ -643,28 +644,24 @@ def _run_bins(rd: RunDir, run: str) -> tuple[pd.DataFrame | None, list[tuple[str
     table = _arrow_table(path)
     sums = _bin_sums(table) if table is not None else None
     if sums is not None:  # the usual file: every row's lists of one length, summed by numpy
-        frames = [
-            pd.DataFrame(
-                {"run": run, "delta": table["delta"][0].as_py(), "executor": table["executor"][0].as_py()}
-                | {"side": side, "bin": range(len(sums[side]["clipped"]))}
-                | sums[side]
-            )
+        first, bad = {k: table[k][0].as_py() for k in ("delta", "executor")}, []
+    else:  # anything else, row by row
+        rows, bad = read_rows(path)
+        if not rows:
+            return None, bad
+        first = rows[0]
+        sums = {
+            side: {w: [sum(col) for col in zip(*(r[f"{side}_{w}"] for r in rows))] for w in BIN_FIELDS}
             for side in ("pos", "neg")
-        ]
-        return pd.concat(frames, ignore_index=True), []
-    rows, bad = read_rows(path)
-    if not rows:
-        return None, bad
-    frames = []
-    for side in ("pos", "neg"):
-        sums = {w: [sum(col) for col in zip(*(r[f"{side}_{w}"] for r in rows))] for w in BIN_FIELDS}
-        frames.append(
-            pd.DataFrame(
-                {"run": run, "delta": rows[0]["delta"], "executor": rows[0]["executor"], "side": side}
-                | {"bin": range(len(sums["clipped"]))}
-                | sums
-            )
+        }
+    frames = [
+        pd.DataFrame(
+            {"run": run, "delta": first["delta"], "executor": first["executor"], "side": side}
+            | {"bin": range(len(sums[side]["clipped"]))}
+            | sums[side]
         )
+        for side in ("pos", "neg")
+    ]
     return pd.concat(frames, ignore_index=True), bad
 
 

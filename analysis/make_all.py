@@ -315,8 +315,8 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
     def draw(fn, *args, **kw):
         drawn.append(pool.submit(fn, *args, **kw))
 
-    def part(sweep=None):
-        mine = summary["run"] if sweep is None else summary.loc[summary["sweep"] == sweep, "run"]
+    def part(sweep):
+        mine = summary.loc[summary["sweep"] == sweep, "run"]
         steps = rs.steps[rs.steps["run"].isin(mine)] if len(rs.steps) else rs.steps
         crv = curves[curves["run"].isin(mine)] if len(curves) else curves
         return SimpleNamespace(runs=rs.runs, steps=steps), crv
