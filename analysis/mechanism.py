@@ -28,9 +28,9 @@ from scipy import stats as sps
 from analysis.stats import holm, interval
 
 
-def load_states(path: str | Path) -> list[dict]:
-    """The states of a mechanism file (one JSON object per line; a truncated last line, from a test stopped while
-    writing, is dropped)."""
+def load_lines(path: str | Path) -> list[dict]:
+    """Every JSON line of a mechanism file, header lines ({"header": {...}}: git commit, command) included; a
+    truncated last line, from a test stopped while writing, is dropped."""
     lines = Path(path).read_text().splitlines()
     out = []
     for i, line in enumerate(lines):
@@ -43,6 +43,16 @@ def load_states(path: str | Path) -> list[dict]:
                 break
             raise ValueError(f"{path}: line {i + 1} is not JSON") from None
     return out
+
+
+def load_states(path: str | Path) -> list[dict]:
+    """The states of a mechanism file (one JSON object per line; header lines are skipped)."""
+    return [r for r in load_lines(path) if "header" not in r]
+
+
+def load_headers(path: str | Path) -> list[dict]:
+    """The header lines of a mechanism file (one per walk or resume: git commit, command, started)."""
+    return [r["header"] for r in load_lines(path) if "header" in r]
 
 
 def _runs(states: list[dict]) -> list:
