@@ -21,7 +21,14 @@ SOURCES = [
     "sweeps/*/*.yaml",
 ]
 COMMAND = re.compile(r"python -m ([A-Za-z_][\w.]*\w)")
-ALIASES = {"experiments.tiny.sft": "experiments.sft", "experiments.openrlhf.evaluate": "experiments.evaluation.math"}
+ALIASES = {
+    "experiments.tiny.sft": "experiments.sft",
+    "experiments.openrlhf.evaluate": "experiments.evaluation.math",
+    "experiments.bench_batch": "experiments.bench.batch",
+    "experiments.bench_gpu": "experiments.bench.gpu",
+    "experiments.bench_loss": "experiments.bench.loss",
+    "experiments.verl": "experiments.verl_overrides",
+}
 """Old module path -> where the module lives now."""
 NOT_OURS = {"pytest"}
 

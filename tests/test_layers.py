@@ -99,7 +99,11 @@ ABOVE = frozenset(
         "experiments.backends",
         "experiments.run",
         "experiments.mechanism",
-        "experiments.bench_batch",
+        "experiments.bench",
+        "experiments.bench.batch",
+        "experiments.bench.gpu",
+        "experiments.bench.loss",
+        "experiments.bench_batch",  # old paths of experiments.bench.*, kept for recorded commands
         "experiments.bench_gpu",
         "experiments.bench_loss",
     }

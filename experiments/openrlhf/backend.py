@@ -33,8 +33,8 @@ from experiments.config import ConfigError, RunConfig
 from experiments.evaluation.math import STEP_DIR, eval_steps
 from experiments.models.qwen2 import is_cpu_model
 from experiments.openrlhf.argv import build_command
-from experiments.openrlhf.metrics import rows_from_tensorboard
 from experiments.openrlhf.plan import FILTER_HEADROOM, count_rows, rows_needed, train_data_path
+from experiments.openrlhf.tensorboard import rows_from_tensorboard
 from experiments.openrlhf.toy import prepare as prepare_cpu_model
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 
