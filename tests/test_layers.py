@@ -98,7 +98,9 @@ ABOVE = frozenset(
         "experiments",
         "experiments.backends",
         "experiments.run",
-        "experiments.mechanism",
+        "experiments.mechanism_probe",
+        "experiments.mechanism",  # old path of experiments.mechanism_probe (a package: __main__ runs it)
+        "experiments.mechanism.__main__",
         "experiments.bench",
         "experiments.bench.batch",
         "experiments.bench.gpu",
