@@ -1,4 +1,4 @@
-"""nsr.openrlhf.metrics and experiments.openrlhf.metrics: OpenRLHF's logged train/* names -> metrics.jsonl rows.
+"""nsr.openrlhf.metrics and experiments.openrlhf.tensorboard: OpenRLHF's logged train/* names -> metrics.jsonl rows.
 
 Event files are written by OpenRLHF 0.11.2's own TensorboardLogger (loaded from the installed package by file
 path), so a change in its tag layout fails here.
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments.openrlhf.metrics import rows_from_tensorboard
+from experiments.openrlhf.tensorboard import rows_from_tensorboard
 from nsr.openrlhf.metrics import METRIC_KEYS, REQUIRED, row_from_logs
 from nsr.openrlhf.reference import openrlhf_root
 
