@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis import collapse
+from analysis.regime import load_regime
 from analysis.stats import ALPHA, POWER_TARGET, holm, interval, paired_differences, power, sd_upper, t_test
 from analysis.summary import pairs
 from analysis.tables import counterparts, fmt, mixed_pairs, select_labels
@@ -184,9 +186,9 @@ def _collapse_test(value, where: str) -> CollapseTest:
     return CollapseTest(value["sweep"], float(value["sesoi"]))
 
 
-def collapse_sesoi(sweep: str, path: str | Path = CLAIMS_FILE) -> float | None:
+def collapse_sesoi(claims: list[Claim], sweep: str) -> float | None:
     """The smallest collapse of interest of the claim whose collapse test reads ``sweep`` (None if no claim's does)."""
-    return next((c.collapse.sesoi for c in load_claims(path)[0] if c.collapse and c.collapse.sweep == sweep), None)
+    return next((c.collapse.sesoi for c in claims if c.collapse and c.collapse.sweep == sweep), None)
 
 
 # ------------------------------------------------------------------------------------------- evaluation
@@ -287,9 +289,6 @@ def collapse_rows(rs, test: CollapseTest) -> list[dict]:
     """The collapse test's rows of a claim: one per planned sigma (analysis.collapse.judge_collapse), each with the
     verdict the plan's count rule gives: collapses = supports, no collapse with power >= 80% at the sesoi = not
     reproduced at this scale, otherwise inconclusive; no data without pairs (or without the run folders, ``rs``)."""
-    from analysis import collapse
-    from analysis.regime import load_regime
-
     plan = load_regime()["judge_executor"]
     test = CollapseTest(test.sweep, test.sesoi, margin=float(plan["reward_margin"]))
     if rs is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 from scipy import optimize
@@ -30,6 +31,7 @@ from analysis.load import RUNS_ROOT, RunWarning, load_runs
 from analysis.regime import load_regime
 from analysis.stats import POWER_TARGET, interval, sd_upper
 from analysis.summary import WARM_START
+from experiments.yamlio import load_yaml
 
 SWEEP = "judge_executor_sigma"
 
@@ -134,6 +136,20 @@ def report_line(rows: list[dict], plan: dict) -> str:
     return f"none collapsed up to sigma {max(r['sigma'] for r in rows):g}" if rows else "no sigma planned"
 
 
+CLAIMS_FILE = Path(__file__).with_name("claims.yaml")
+
+
+def claims_sesoi(path: str | Path = CLAIMS_FILE, sweep: str = SWEEP) -> float | None:
+    """``collapse.sesoi`` of the claim in the claims file whose collapse test reads ``sweep`` (None if none does): the
+    command line's default. The file is read as data here (analysis.claims, which validates it, imports this
+    module); make_all takes the value from the loaded claims."""
+    for c in (load_yaml(path) or {}).get("claims") or []:
+        coll = c.get("collapse") if isinstance(c, dict) else None
+        if isinstance(coll, dict) and coll.get("sweep") == sweep:
+            return float(coll["sesoi"])
+    return None
+
+
 def _num(x) -> str:
     return "-" if x is None else f"{x:g}"
 
@@ -184,9 +200,7 @@ def main(argv=None) -> int:
     if a.sesoi is not None and not (math.isfinite(a.sesoi) and a.sesoi > 0):
         p.error(f"--sesoi {a.sesoi}: not valid; allowed: a number > 0 (a mean drop of late training reward)")
     if a.sesoi is None:
-        from analysis.claims import collapse_sesoi  # the claims module imports this one
-
-        a.sesoi = collapse_sesoi(SWEEP)
+        a.sesoi = claims_sesoi()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RunWarning)
         rs = load_runs(a.runs)

@@ -422,8 +422,7 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
     files.append(write_text(tab("posthoc.md"), "### Post-hoc readings of the CPU grid (not planned)\n\n" + posthoc_md,
                             out))  # fmt: skip
     if (summary["sweep"] == collapse.SWEEP).any():  # the pre-registered judge/executor collapse test
-        sesoi = next((c.collapse.sesoi for c in claim_list if c.collapse and c.collapse.sweep == collapse.SWEEP), None)
-        judged = collapse.judge_collapse(rs, sesoi=sesoi)
+        judged = collapse.judge_collapse(rs, sesoi=claims_mod.collapse_sesoi(claim_list, collapse.SWEEP))
         files.append(write_text(tab("judge_collapse.md"), collapse.render(judged), out))
         say(f"judge/executor collapse test (tables/judge_collapse.md): {judged['verdict']}")
     if (summary["sweep"] == "regime_search").any():  # the pre-registered stage-A readout (analysis/regime.yaml)

@@ -267,7 +267,11 @@ def test_the_judge_executor_claim_takes_in_the_collapse_test():
     claim = next(c for c in claims.load_claims()[0] if c.id == "judge_executor")
     assert claim.collapse == claims.CollapseTest("judge_executor_sigma", 0.1)
     assert load_sweep(claim.collapse.sweep).arms.keys() >= {"noisy_decision", "clean_decision"}
-    assert claims.collapse_sesoi("judge_executor_sigma") == 0.1 and claims.collapse_sesoi("delta") is None
+    loaded = claims.load_claims()[0]
+    assert claims.collapse_sesoi(loaded, "judge_executor_sigma") == 0.1 and claims.collapse_sesoi(loaded, "x") is None
+    from analysis.collapse import claims_sesoi  # the command line's default: the same value, read as data
+
+    assert claims_sesoi() == 0.1 and claims_sesoi(sweep="delta") is None
     # without the run folders the collapse rows have no data, one per planned sigma; the claim cannot be decided
     s = summary_of({"hard": [0.3] * 3})
     (res,) = claims.evaluate(s, [claim])

@@ -91,12 +91,11 @@ def test_cli_on_an_empty_folder(tmp_path, capsys):
 
 def test_make_all_writes_the_collapse_table(sigma_grid, tmp_path):
     from analysis import make_all
-    from analysis.claims import collapse_sesoi
 
     res = make_all.make_all(sigma_grid, tmp_path / "out", quiet=True)
     path = tmp_path / "out" / "tables" / "judge_collapse.md"
     assert path in res["files"]
-    sesoi = collapse_sesoi(C.SWEEP)
+    sesoi = C.claims_sesoi()
     assert sesoi == 0.1 and path.read_text() == C.render(C.judge_collapse(load_runs(sigma_grid), sesoi=sesoi))
 
 
