@@ -1,0 +1,144 @@
+"""The premise meter (nsr.premise): its counts against a token-by-token reading of the definition, no host sync,
+its refusals, and its rates."""
+
+import math
+
+import pytest
+import torch
+from conftest import make_batch
+from test_no_sync import NoSync
+
+import nsr
+from nsr.premise import N_BINS, RATE_KEYS, PremiseMeter, counts_row, rates, reach, token_ratio
+
+CFGS = [
+    nsr.LossConfig(rule="nsr", delta=0.2),
+    nsr.LossConfig(rule="hard", delta=0.5),
+    nsr.LossConfig(rule="soft", delta=0.1, eps_low=0.1, eps_high=0.3),
+    nsr.LossConfig(rule="nsr", delta=0.0),
+    nsr.LossConfig(rule="pushout", delta=0.2, dual_clip=3.0),
+    nsr.LossConfig(rule="cispo", delta=0.2),
+]
+
+
+def _by_hand(logp, old, adv, mask, cfg, generator) -> torch.Tensor:
+    """The meter's definition read token by token: the hard clip's test, depth into the zone from its two edges, the
+    gradient of the token's own loss."""
+    loss, _ = nsr.policy_loss(logp, old, adv, mask, cfg, generator=generator)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    lo, hi = 1 - cfg.eps_low, 1 + cfg.eps_high
+    out = torch.zeros(2, 3, N_BINS + 1, dtype=torch.float64)
+    B, T = logp.shape
+    for i in range(B):
+        for t in range(T):
+            a = float(adv[i, t])
+            r = math.exp(min(max(float(logp[i, t].detach() - old[i, t]), -20.0), 20.0))
+            if not mask[i, t] or a == 0 or not ((a > 0 and r > hi) or (a < 0 and r < lo)):
+                continue
+            side = 0 if a > 0 else 1
+            if cfg.delta == 0:
+                depth = math.inf
+            elif a > 0:
+                depth = (r - hi) / (hi / (1 - cfg.delta) - hi)
+            else:
+                depth = (lo - r) / (lo - lo / (1 + cfg.delta))
+            b = min(int(math.floor(depth * N_BINS)) if depth < math.inf else N_BINS, N_BINS)
+            out[side, 0, b] += 1
+            g = float(grad[i, t])
+            if g != 0:
+                out[side, 1, b] += 1
+                out[side, 2, b] += g / (-a * r)
+    return out
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"{c.rule}-{c.delta}")
+def test_counts_follow_the_definition(cfg):
+    meter, want = PremiseMeter(cfg), torch.zeros(2, 3, N_BINS + 1, dtype=torch.float64)
+    for seed in range(3):  # three updates of a step accumulate
+        logp, old, adv, mask = make_batch(B=12, T=9, seed=seed, spread=0.6)
+        want += _by_hand(logp, old, adv, mask, cfg, torch.Generator().manual_seed(seed))
+        loss, _ = nsr.policy_loss(logp, old, adv, mask, cfg, generator=torch.Generator().manual_seed(seed))
+        meter.add(loss, logp, adv, mask, old_log_probs=old)
+    got = meter.counts()
+    assert torch.equal(got[:, :2], want[:, :2])  # clipped and rescued: exact counts
+    torch.testing.assert_close(got[:, 2], want[:, 2], rtol=1e-12, atol=1e-12)
+    assert want[:, 0].sum() > 20  # the batches do clip, on both sides
+    assert want[0, 0].sum() > 0 and want[1, 0].sum() > 0
+    assert meter.tokens.item() == sum(make_batch(B=12, T=9, seed=s, spread=0.6)[3].sum().item() for s in range(3))
+    if cfg.rule == "hard":
+        assert got[:, 1].sum() == 0  # hard keeps no clipped token
+    if cfg.rule == "nsr" and cfg.delta > 0:
+        assert got[:, 1, :N_BINS].sum() > 0 and got[:, 1, N_BINS].sum() == 0  # rescues inside the zone only
+
+
+def test_row_is_the_ratio_bins_format_and_reset_starts_a_step():
+    cfg = nsr.LossConfig(rule="nsr", delta=0.2)
+    logp, old, adv, mask = make_batch(B=10, T=8, spread=0.6)
+    meter = PremiseMeter(cfg)
+    loss, _ = nsr.policy_loss(logp, old, adv, mask, cfg, generator=torch.Generator().manual_seed(0))
+    meter.add(loss, logp, adv[:, 0], mask, ratio=token_ratio(logp, old))  # (B,) advantages, ratio given
+    row = meter.row(3)
+    assert list(row) == ["step", "delta", "executor"] + [
+        f"{s}_{w}" for s in ("pos", "neg") for w in ("clipped", "rescued", "weight")
+    ]
+    assert row["step"] == 3 and row["delta"] == 0.2 and row["executor"] == "noisy"
+    assert all(len(row[k]) == N_BINS + 1 for k in row if k.endswith(("clipped", "rescued", "weight")))
+    assert all(isinstance(v, int) for v in row["pos_clipped"] + row["neg_rescued"])
+    assert sum(row["pos_clipped"]) + sum(row["neg_clipped"]) > 0
+    meter.reset()
+    assert meter.counts().sum() == 0 and meter.tokens.item() == 0
+    assert counts_row(meter.counts(), 4, cfg)["pos_weight"] == [0.0] * (N_BINS + 1)
+
+
+def test_add_reads_nothing_back_from_the_device():
+    """No aten op that needs a value on the host (tests/test_no_sync.py), and the same on the meta device, where any
+    read of a value fails."""
+    cfg = nsr.LossConfig(rule="nsr", delta=0.2)
+    logp, old, adv, mask = make_batch(B=6, T=10, spread=0.5)
+    meter = PremiseMeter(cfg, device="cpu")
+    with NoSync():
+        loss, _ = nsr.policy_loss(logp, old, adv, mask, cfg, generator=torch.Generator().manual_seed(0))
+        meter.add(loss, logp, adv, mask, old_log_probs=old)
+        meter.add(loss, logp, adv, mask, old_log_probs=old)
+    assert meter.counts()[:, 0].sum() > 0
+
+    logp = torch.empty(4, 7, device="meta").requires_grad_()
+    old, adv = torch.empty(4, 7, device="meta"), torch.empty(4, 1, device="meta")
+    mask = torch.empty(4, 7, dtype=torch.bool, device="meta")
+    meter = PremiseMeter(cfg)
+    loss, _ = nsr.policy_loss(logp, old, adv, mask, cfg, generator=torch.Generator(device="cpu"))
+    meter.add(loss, logp, adv, mask, old_log_probs=old)
+    assert meter.counts().device.type == "meta" and meter.counts().shape == (2, 3, N_BINS + 1)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="level='sequence' is not valid; allowed: token"):
+        PremiseMeter(nsr.LossConfig(rule="nsr", level="sequence"))
+    with pytest.raises(TypeError, match="nsr.LossConfig"):
+        PremiseMeter({"rule": "nsr"})
+    logp, old, adv, mask = make_batch()
+    with pytest.raises(ValueError, match="old_log_probs or ratio"):
+        PremiseMeter(nsr.LossConfig()).add(logp * 1.0, logp, adv, mask)
+
+
+def test_rates_are_the_counts_per_token():
+    counts = torch.zeros(2, 3, N_BINS + 1, dtype=torch.float64)
+    counts[0, 0, :3] = 2.0  # A > 0: 6 in the zone, 4 deeper, 3 rescued of weight 2.5
+    counts[0, 0, N_BINS] = 4.0
+    counts[0, 1, 1], counts[0, 2, 1] = 3.0, 2.5
+    counts[1, 0, N_BINS] = 5.0  # A < 0: all deeper
+    got = {k: v.item() for k, v in rates(counts, torch.tensor(100.0)).items()}
+    assert list(got) == list(RATE_KEYS)
+    assert got == pytest.approx(
+        {
+            "pos_clipped_zone": 0.06,
+            "pos_clipped_deep": 0.04,
+            "pos_rescued": 0.03,
+            "pos_weight": 0.025,
+            "neg_clipped_zone": 0.0,
+            "neg_clipped_deep": 0.05,
+            "neg_rescued": 0.0,
+            "neg_weight": 0.0,
+        }  # fmt: skip
+    )
+    assert reach(0.06, 0.04) == pytest.approx(0.6) and reach(0.0, 0.05) == 0.0 and math.isnan(reach(0.0, 0.0))
