@@ -32,7 +32,7 @@ import yaml
 from experiments.config import ConfigError, RunConfig
 from experiments.openrlhf.argv import build_command
 from experiments.openrlhf.evaluate import STEP_DIR
-from experiments.openrlhf.metrics import rows_from_tensorboard
+from experiments.openrlhf.metrics import ratio_bins_from_tensorboard, rows_from_tensorboard
 from experiments.openrlhf.plan import FILTER_HEADROOM, count_rows, eval_steps, rows_needed, train_data_path
 from experiments.openrlhf.toy import is_cpu_model
 from experiments.openrlhf.toy import prepare as prepare_cpu_model
@@ -166,6 +166,7 @@ def run_openrlhf(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
             if not rows:
                 raise RuntimeError(f"{rd.path}: OpenRLHF finished without logging a single step")
             rd.append("metrics.jsonl", rows)
+            rd.append("ratio_bins.jsonl", ratio_bins_from_tensorboard(rd.path / "tensorboard", cfg.loss))
         done = last_step(rd)
         if done < cfg.train.steps:
             raise RuntimeError(
