@@ -142,3 +142,134 @@ def test_rates_are_the_counts_per_token():
         }  # fmt: skip
     )
     assert reach(0.06, 0.04) == pytest.approx(0.6) and reach(0.0, 0.05) == 0.0 and math.isnan(reach(0.0, 0.0))
+
+
+# ---------------------------------------------------------------- one meter, every backend's path
+def _backend_batch():
+    """A padded float32 batch (the dtype the trainers use) whose ratios straddle both bounds and NSR's zone."""
+    logp, old, adv, mask = make_batch(B=10, T=12, seed=5, spread=0.6, dtype=torch.float32)
+    return logp.detach(), old, adv[:, 0].contiguous(), mask  # one advantage per response
+
+
+def _tiny_path(cfg, batch, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    """As experiments/tiny/train.py's update adds a minibatch (and the batched trainer, with the gradient given)."""
+    logp, old, adv, mask = batch
+    lp = logp.clone().requires_grad_()
+    loss_tok, _ = nsr.policy_loss(lp, old, adv, mask, cfg, generator=gen)
+    single = PremiseMeter(cfg)
+    single.add(loss_tok, lp, adv, mask, ratio=token_ratio(lp, old))
+    (grad,) = torch.autograd.grad(loss_tok.sum(), lp, retain_graph=True)
+    batched = PremiseMeter(cfg, device="cpu")
+    batched.add(loss_tok.detach(), lp.detach(), adv, mask, ratio=token_ratio(lp, old), grad=grad)
+    assert torch.equal(single.counts(), batched.counts())
+    return single.counts(), single.tokens
+
+
+def _trl_path(cfg, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """NSRGRPOTrainer._compute_loss on one training micro-batch whose policy log-probs are the batch's (the model's
+    forward replaced by the tensors); the trainer's own meter."""
+    import trl_tiny
+    from trl import GRPOConfig
+
+    from nsr.trl import NSRGRPOTrainer
+
+    logp, old, adv, mask = batch
+    B, T = logp.shape
+    args = GRPOConfig(
+        output_dir="/nonexistent-not-written", use_cpu=True, report_to="none", disable_tqdm=True, seed=0,
+        per_device_train_batch_size=B, num_generations=2, max_completion_length=T, logging_steps=1, max_steps=1,
+        save_strategy="no", epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, loss_type="dapo",
+    )  # fmt: skip
+    trainer = NSRGRPOTrainer(
+        model=trl_tiny.dense_lm(), reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+        train_dataset=trl_tiny.zen()["train"], processing_class=trl_tiny.char_tokenizer(), loss=cfg,
+    )  # fmt: skip
+    lp = logp.clone().requires_grad_()
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (lp, torch.zeros_like(lp), None)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = {
+        "prompt_ids": torch.zeros(B, 2, dtype=torch.long), "prompt_mask": torch.ones(B, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask.long(),
+        "old_per_token_logps": old, "advantages": adv, "num_items_in_batch": mask.sum(),
+    }  # fmt: skip
+    trainer._compute_loss(trainer.model, inputs).backward()
+    return trainer.premise.counts(), trainer.premise.tokens
+
+
+def _openrlhf_path(cfg, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """NSRPolicyLoss.forward on one micro-batch of RL step 1 (advantages per token, as OpenRLHF passes them), and the
+    status scalars the actor turns its meter into, read back as the controller does."""
+    from nsr.openrlhf.loss import NSRPolicyLoss
+    from nsr.openrlhf.metrics import premise_logs, premise_row_from_logs
+    from nsr.openrlhf.settings import NSRSettings
+
+    logp, old, adv, mask = batch
+    settings = NSRSettings.make(rule=cfg.rule, delta=cfg.delta, executor=cfg.executor)
+    fn = NSRPolicyLoss(cfg.eps_low, cfg.eps_high, cfg.dual_clip, settings=settings, seed=0, rank=0)
+    fn.start_step(1)
+    lp = logp.clone().requires_grad_()
+    loss = fn(lp, old, adv[:, None].expand_as(lp) * mask, action_mask=mask.long())[0]
+    loss.backward()
+    counts, tokens = fn.premise.counts(), fn.premise.tokens
+    logs = premise_logs(counts.tolist(), tokens.item())
+    assert premise_row_from_logs(1, logs, fn.cfg) == counts_row(counts, 1, cfg)
+    return counts, tokens
+
+
+def _verl_rates(cfg, batch) -> dict[str, float]:
+    """verl's registered loss function ``nsr:<rule>`` (looked up through verl) on one micro-batch: its premise
+    metrics."""
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config import ActorConfig
+
+    import nsr.verl
+
+    logp, old, adv, mask = batch
+    nsr.verl.plugin._GENERATORS.clear()
+    pl = nsr.verl.NSRPolicyLossConfig(loss_mode=f"nsr:{cfg.rule}", delta=cfg.delta, executor=cfg.executor, seed=0)
+    actor = ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=cfg.eps_low,
+        clip_ratio_high=cfg.eps_high, policy_loss=pl,
+    )  # fmt: skip
+    lp = logp.clone().requires_grad_()
+    fn = core_algos.get_policy_loss_fn(f"nsr:{cfg.rule}")
+    _, met = fn(old_log_prob=old, log_prob=lp, advantages=adv[:, None].expand_as(lp) * mask, response_mask=mask,
+                loss_agg_mode="token-mean", config=actor)  # fmt: skip
+    return {k.removeprefix("actor/premise/"): float(v) for k, v in met.items() if k.startswith("actor/premise/")}
+
+
+@pytest.mark.parametrize("rule", ["soft", "nsr", "hard"])
+def test_every_backend_path_gives_the_same_numbers(rule):
+    """The same tensors through the tiny trainer's update, TRL's loss hook (NSRGRPOTrainer._compute_loss), OpenRLHF's
+    NSRPolicyLoss and verl's loss function: the same counts (verl: the same per-token rates). ``nsr`` draws its z
+    from each backend's own stream, so the tiny path gets that stream (nsr.seeds) for each comparison; ``soft`` and
+    ``hard`` draw nothing, so one tiny reading serves all."""
+    pytest.importorskip("trl")
+    pytest.importorskip("verl")
+    from nsr.seeds import derive_seed, generator
+
+    cfg = nsr.LossConfig(rule=rule, delta=0.2, dual_clip=3.0)  # verl's default dual clip, on in every path
+    batch = _backend_batch()
+    streams = {
+        "trl": generator("trl-loss", 0, 0, 0, 0),
+        "openrlhf": torch.Generator().manual_seed(derive_seed("loss", 0, 0, 1, 0)),
+        "verl": generator("verl-loss", 0, 0),
+    }
+    want = {name: _tiny_path(cfg, batch, g) for name, g in streams.items()}
+    got_trl, got_orl = _trl_path(cfg, batch), _openrlhf_path(cfg, batch)
+    for name, got in (("trl", got_trl), ("openrlhf", got_orl)):
+        assert torch.equal(got[0], want[name][0]), name
+        assert got[1].item() == want[name][1].item() == batch[3].sum().item(), name
+    ref = {k: v.item() for k, v in rates(*want["verl"]).items()}
+    verl = _verl_rates(cfg, batch)
+    assert verl == pytest.approx(ref, rel=1e-12, abs=0.0)
+    counts = want["trl"][0]
+    assert counts[:, 0, :N_BINS].sum() > 0 and counts[:, 0, N_BINS].sum() > 0  # clipped in the zone and deeper
+    if rule == "hard":
+        assert counts[:, 1].sum() == 0
+    else:  # rescued in the zone; deeper, no weight (soft's float32 formula leaves ~1e-7 on a few deep tokens)
+        assert counts[:, 1, :N_BINS].sum() > 0 and counts[:, 2, N_BINS].abs().sum() < 1e-6
+        assert rule != "nsr" or counts[:, 1, N_BINS].sum() == 0
+    if rule == "soft":  # no draw: every path read the same numbers
+        assert all(torch.equal(w[0], counts) for w in want.values())
