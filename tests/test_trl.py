@@ -123,6 +123,25 @@ def test_ratio_bins_log_what_the_rule_did_with_clipped_tokens(nsr_run, hard_run)
             assert (m["clip_frac_low"] > 0) == (sum(b["neg_clipped"]) > 0)
 
 
+def test_analysis_premise_reads_the_trl_folder(nsr_run, capsys):
+    """python -m analysis.premise on a trl run folder: reach from its ratio_bins.jsonl, in-zone mass from its clip
+    fractions (tests/test_analysis_premise.py reads tiny folders and a verl log)."""
+    import numpy as np
+
+    from analysis import premise
+    from analysis.regime import reach_share
+
+    got = premise.read_run(nsr_run.path)
+    assert (got["backend"], got["rule"], got["delta"], got["steps"]) == ("trl", "nsr", 0.2, 4)
+    bins, metrics = read_jsonl(nsr_run.log_path("ratio_bins.jsonl")), read_jsonl(nsr_run.metrics_path)
+    for side, frac in (("pos", "clip_frac_high"), ("neg", "clip_frac_low")):
+        share = reach_share(np.sum([r[f"{side}_clipped"] for r in bins], axis=0))
+        assert got[f"{side}_reach"] == share and 0 < share <= 1
+        clip = np.mean([r[frac] for r in metrics])
+        assert got[f"{side}_zone_per_token"] == pytest.approx(clip * share, rel=1e-12)
+    assert premise.main([str(nsr_run.path)]) == 0 and f"| {nsr_run.path} | trl | nsr |" in capsys.readouterr().out
+
+
 def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
     """Killed after RL step 3 (its checkpoint is at step 2): the rerun resumes from TRL's checkpoint, cuts the logs
     back to step 2 and ends with the rows of the uninterrupted run."""
