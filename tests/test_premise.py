@@ -9,7 +9,7 @@ from conftest import make_batch
 from test_no_sync import NoSync
 
 import nsr
-from nsr.premise import N_BINS, RATE_KEYS, PremiseMeter, counts_row, rates, reach, token_ratio
+from nsr.premise import N_BINS, RATE_KEYS, PremiseMeter, counts_row, premise_counts, rates, reach, token_ratio
 
 CFGS = [
     nsr.LossConfig(rule="nsr", delta=0.2),
@@ -273,3 +273,32 @@ def test_every_backend_path_gives_the_same_numbers(rule):
         assert rule != "nsr" or counts[:, 1, N_BINS].sum() == 0
     if rule == "soft":  # no draw: every path read the same numbers
         assert all(torch.equal(w[0], counts) for w in want.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_cuda_device_add_never_waits_for_the_host():
+    """On a GPU, three updates' worth of nsr.policy_loss + PremiseMeter.add under CUDA's sync debug mode set to
+    error (any host-device sync raises); the counts equal the CPU meter's on the same ratios and gradients (weights
+    to rounding: the device sums in another order)."""
+    cfg = nsr.LossConfig(rule="nsr", delta=0.2)
+    logp, old, adv, mask = make_batch(B=64, T=512, spread=0.6, dtype=torch.float32)
+    dev = torch.device("cuda")
+    old_d, adv_d, mask_d = old.to(dev), adv.to(dev), mask.to(dev)
+    meter, want = PremiseMeter(cfg, device=dev), torch.zeros(2, 3, N_BINS + 1, dtype=torch.float64)
+    g = torch.Generator(device=dev).manual_seed(0)
+    torch.cuda.synchronize()
+    for k in range(3):
+        lp = (logp.detach().to(dev) * (1 + 0.02 * k)).requires_grad_()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss, _ = nsr.policy_loss(lp, old_d, adv_d, mask_d, cfg, generator=g)
+            meter.add(loss, lp, adv_d, mask_d, old_log_probs=old_d)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        (grad,) = torch.autograd.grad(loss.sum(), lp)
+        want += premise_counts(grad.cpu(), token_ratio(lp, old_d).cpu(), adv, mask, cfg)
+    got = meter.counts().cpu()
+    assert meter.counts().device.type == "cuda" and meter.tokens.item() == 3 * mask.sum().item()
+    assert torch.equal(got[:, :2], want[:, :2]) and got[:, 1].sum() > 0
+    torch.testing.assert_close(got[:, 2], want[:, 2], rtol=1e-12, atol=1e-9)
