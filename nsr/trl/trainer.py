@@ -191,7 +191,7 @@ class NSRGRPOTrainer(GRPOTrainer):
 
         gen = self._loss_generator(logps.device, train)
         loss_tok, met = nsr.policy_loss(logps, old, adv, mask.bool(), self.nsr_loss, gen)
-        if train and self.premise is not None:  # the rule's own per-token loss, before TRL's vLLM IS correction
+        if train and self.premise is not None and logps.requires_grad:  # the rule's loss, before vLLM IS weights
             self.premise.add(loss_tok, logps, adv, mask.bool(), old_log_probs=old)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             loss_tok = loss_tok * inputs["importance_sampling_ratio"]
