@@ -1,0 +1,2 @@
+"""Models shared by the backends: tiny (the testbed's GPT-2, sampling, log-probs, the model registry) and qwen2
+(the one toy Qwen2 builder: tiny-qwen2 on the testbed, cpu-tiny-qwen2 on the OpenRLHF CPU path)."""
