@@ -420,7 +420,7 @@ def _sha8(data) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
-SINCE_SCHEME1: dict[str, Any] = {"model.untie_embeddings": False}
+SINCE_SCHEME1: dict[str, Any] = {"model.untie_embeddings": False, "openrlhf.cpu": False}
 """Fields added after scheme 1, with their defaults: scheme 1's hash leaves each out where it holds its default (the
 value every scheme-1 run had), so the runs it made are not taken for older code's."""
 
