@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from experiments.config import ConfigError, load_config
-from experiments.openrlhf import evaluate, toy
+from experiments.evaluation import math as evaluate
+from experiments.models import qwen2
+from experiments.openrlhf import toy
 from experiments.openrlhf.argv import CPU_SETTINGS, build_command
 from nsr.openrlhf.launch import CPU_ENV
 
@@ -34,10 +36,10 @@ def test_only_the_cpu_preset_switches_the_shim_on(tmp_path):
     for name, cfg in presets.items():
         cmd = build_command(cfg, tmp_path / name, name)
         cpu = name == "openrlhf-cpu"
-        assert toy.is_cpu_model(cfg) == cpu, name
+        assert qwen2.is_cpu_model(cfg) == cpu, name
         assert cmd.env == ({CPU_ENV: "1"} if cpu else {}), name
         model = cmd.openrlhf_argv[cmd.openrlhf_argv.index("--actor.model_name_or_path") + 1]
-        assert (model == str(toy.model_dir(cfg))) if cpu else (model == cfg.model.name), name
+        assert (model == str(qwen2.model_dir(cfg))) if cpu else (model == cfg.model.name), name
 
 
 def test_the_launcher_imports_the_shim_only_when_switched_on(tmp_path):
@@ -173,7 +175,7 @@ def test_evaluator_uses_one_eager_engine_without_a_gpu(monkeypatch):
     assert kw["enforce_eager"] and kw["distributed_executor_backend"] == "uni" and kw["max_model_len"] == 88
     assert not kw["enable_chunked_prefill"]
     assert "enforce_eager" not in evaluate.engine_kwargs(cfg, 1, cpu=False)  # GPUs: unchanged (compiled engines)
-    assert evaluate.checkpoints(ROOT / "nonexistent", cfg) == {0: str(toy.model_dir(cfg))}
+    assert evaluate.checkpoints(ROOT / "nonexistent", cfg) == {0: str(qwen2.model_dir(cfg))}
 
 
 def test_shim_test_switches_are_checked(monkeypatch):

@@ -30,11 +30,11 @@ from pathlib import Path
 import yaml
 
 from experiments.config import ConfigError, RunConfig
+from experiments.evaluation.math import STEP_DIR, eval_steps
+from experiments.models.qwen2 import is_cpu_model
 from experiments.openrlhf.argv import build_command
-from experiments.openrlhf.evaluate import STEP_DIR
 from experiments.openrlhf.metrics import rows_from_tensorboard
-from experiments.openrlhf.plan import FILTER_HEADROOM, count_rows, eval_steps, rows_needed, train_data_path
-from experiments.openrlhf.toy import is_cpu_model
+from experiments.openrlhf.plan import FILTER_HEADROOM, count_rows, rows_needed, train_data_path
 from experiments.openrlhf.toy import prepare as prepare_cpu_model
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 
@@ -174,7 +174,7 @@ def run_openrlhf(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
                 f"plan.FILTER_HEADROOM, make more rows (python -m experiments.openrlhf.data) and run it again"
             )
     prune_checkpoints(rd, cfg)
-    _run_logged([sys.executable, "-m", "experiments.openrlhf.evaluate", str(rd.path)], rd.path / "evaluate.log")
+    _run_logged([sys.executable, "-m", "experiments.evaluation.math", str(rd.path)], rd.path / "evaluate.log")
     rd.compress_eval()
     if not cfg.logging.keep_checkpoint:
         shutil.rmtree(rd.path / "ckpt", ignore_errors=True)

@@ -8,7 +8,7 @@ them evenly; the first ``task.n_eval`` problems are the evaluation set and the n
 
 A prompt is a chat: the system turn ``task.system_prompt`` (none if empty: the model's template then adds its own),
 a worked example as an earlier user / assistant turn (``task.one_shot``), then the problem in ``task.prompt_template``
-(``{problem}`` replaced). The answer is scored by the kit's one math reward (experiments/openrlhf/reward.py: the last
+(``{problem}`` replaced). The answer is scored by the kit's one math reward (experiments/rewards/math.py: the last
 ``\\boxed{}`` of the response, math-verify against the label). Template, one-shot turn, system prompt, families,
 sizes and :data:`GENERATOR_VERSION` (``task.generator_version``) are config fields, so they are part of a run's
 identity.
@@ -144,7 +144,7 @@ def read_rows(path: Path) -> list[dict]:
 
 def reward_func():
     """TRL reward function: the kit's math reward of each completion against its row's label."""
-    from experiments.openrlhf.reward import score
+    from experiments.rewards.math import score
 
     def arithmetic_correct(prompts, completions, label, **kwargs) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -168,7 +168,7 @@ def measure_spread(cfg, n_prompts: int, n_samples: int, seed: int = 0, batch: in
     import torch
 
     from experiments.models.smollm2 import load
-    from experiments.openrlhf.reward import score
+    from experiments.rewards.math import score
 
     model, tok, _ = load(cfg.model.name, untie=cfg.model.untie_embeddings)
     model.eval()
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_files(cfg.task)
     print(json.dumps({part: {"path": str(q), "rows": len(read_rows(q))} for part, q in paths.items()}, indent=1))
     if args.spread:
-        from experiments.tiny import set_threads
+        from experiments.threads import set_threads
 
         set_threads()
         result = measure_spread(cfg, *args.spread, seed=args.seed)

@@ -34,7 +34,7 @@ def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
 
     from experiments.models.smollm2 import load
     from experiments.tasks.arithmetic import reward_func, split
-    from experiments.tiny import set_threads
+    from experiments.threads import set_threads
     from experiments.trl.train import grpo_config, optimizer_steps_per_rl_step
     from nsr.trl import NSRGRPOTrainer
 
