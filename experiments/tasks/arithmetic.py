@@ -85,7 +85,7 @@ def check_task(task) -> None:
     allowed = f"a non-empty list of {', '.join(FAMILIES)}"
     check_field("task", "families", bool(task.families) and not bad and len(set(task.families)) == len(task.families),
                 allowed, list(task.families))  # fmt: skip
-    total = sum(len(FAMILIES[f]()) for f in task.families)
+    total = sum(len(FAMILIES[f]()) for f in task.families) - 1  # at most one problem is the one-shot's own
     check_range("task", "n_train", task.n_train, 1, total)
     check_range("task", "n_eval", task.n_eval, 0, total - task.n_train)
     check_field("task", "prompt_template", "{problem}" in task.prompt_template, "a text containing {problem}",
@@ -111,8 +111,11 @@ def data_dir(task) -> Path:
 
 
 def split(task) -> dict[str, list[dict]]:
-    """{"eval": first n_eval problems, "train": the next n_train}, each row with its chat prompt."""
-    rows = problems(tuple(task.families), task.generator_version)
+    """{"eval": first n_eval problems, "train": the next n_train}, each row with its chat prompt; the one-shot turn's
+    own problem is left out of both."""
+    shot = task.one_shot[0] if task.one_shot else None
+    rows = [r for r in problems(tuple(task.families), task.generator_version)
+            if task.prompt_template.replace("{problem}", r["problem"]) != shot]  # fmt: skip
     out = {"eval": rows[: task.n_eval], "train": rows[task.n_eval : task.n_eval + task.n_train]}
     for part in out.values():
         for r in part:
