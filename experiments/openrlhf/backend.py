@@ -14,9 +14,9 @@ checkpoints (only needed to resume training) and HF folders the evaluator will n
 job that finds training finished goes straight to evaluation. After evaluation the HF folders are deleted too
 unless ``logging.keep_checkpoint``.
 
-A CPU model (``model.name: cpu-tiny-qwen2``, sweeps/presets/openrlhf-cpu.yaml) is built in code with its toy data
-before the launcher starts (experiments/openrlhf/toy.py), and the launcher runs with the CPU shim switched on
-(``LaunchCommand.env``; nsr/openrlhf/cpu_shim.py).
+The toy model (``model.name: cpu-tiny-qwen2``, sweeps/presets/openrlhf-cpu.yaml) is built in code with its toy data
+before the launcher starts (experiments/openrlhf/toy.py). A CPU run (``openrlhf.cpu: true``, set by the CPU presets)
+starts the launcher with the CPU shim switched on (``LaunchCommand.env``; nsr/openrlhf/cpu_shim.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from experiments.openrlhf.argv import build_command
 from experiments.openrlhf.evaluate import STEP_DIR
 from experiments.openrlhf.metrics import rows_from_tensorboard
 from experiments.openrlhf.plan import FILTER_HEADROOM, count_rows, eval_steps, rows_needed, train_data_path
-from experiments.openrlhf.toy import is_cpu_model
+from experiments.openrlhf.toy import is_toy_model
 from experiments.openrlhf.toy import prepare as prepare_cpu_model
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 
@@ -151,7 +151,7 @@ def run_openrlhf(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
     meta = (yaml.safe_load(rd.config_path.read_text()) or {}).get("meta", {}) if rd.config_path.exists() else {}
     run_id = meta.get("run_id") or rd.path.name
     cmd = build_command(cfg, rd.path, run_id)  # refusals before anything starts
-    if is_cpu_model(cfg):
+    if is_toy_model(cfg):
         prepare_cpu_model(cfg)  # the model and toy data, built in code once (cached); the evaluator reads both
     if not training_finished(rd, cfg):  # a requeued job whose training had ended goes on to the evaluation
         check_data(cfg)

@@ -14,10 +14,9 @@ split), with the sum as label, so the repo's math reward (experiments/openrlhf/r
 file holds whole seeded passes over the 80 training problems (as experiments/openrlhf/data.py writes DAPO), the
 benchmark ``toy-math-eval`` the 20 held-out ones.
 
-A CPU model is what switches a run onto the CPU path (:func:`is_cpu_model`): the backend builds the model and data
-(:func:`prepare`), the argv builder passes the built folder as ``--actor.model_name_or_path`` (:func:`model_path`)
-and checks the CPU settings, and the launcher runs with nsr/openrlhf/cpu_shim.py switched on
-(:data:`nsr.openrlhf.launch.CPU_ENV`). docs/cluster.md, "What is proven on CPU end to end".
+For a toy model (:func:`is_toy_model`) the backend builds the model and data (:func:`prepare`) and the argv builder
+passes the built folder as ``--actor.model_name_or_path`` (:func:`model_path`). What switches a run onto the CPU path
+is the preset's ``openrlhf.cpu: true``, not the model (docs/cluster.md, "What is proven on CPU end to end").
 """
 
 from __future__ import annotations
@@ -34,8 +33,8 @@ from experiments.openrlhf.data import repeat_shuffled, write_jsonl
 from experiments.openrlhf.plan import count_rows, rows_needed, train_data_path
 from experiments.rundir import REPO_ROOT, cache_dir
 
-CPU_MODELS = ("cpu-tiny-qwen2",)
-"""model.name values built here; each switches the run onto the CPU path."""
+TOY_MODELS = ("cpu-tiny-qwen2",)
+"""model.name values built here."""
 BUILD_VERSION = 5
 """Bump when the build changes the model's numbers, so a stale cached model is not reused."""
 TRAIN_NAME, EVAL_NAME = "toy-math", "toy-math-eval"
@@ -48,8 +47,8 @@ WARM_STEPS, WARM_BATCH, WARM_LR = 400, 32, 3e-3
 training and on the 20 held-out problems; ~35 s on 2 busy cores, once)."""
 
 
-def is_cpu_model(cfg: RunConfig) -> bool:
-    return cfg.model.name in CPU_MODELS
+def is_toy_model(cfg: RunConfig) -> bool:
+    return cfg.model.name in TOY_MODELS
 
 
 def model_key(cfg: RunConfig) -> str:
@@ -65,7 +64,7 @@ def model_dir(cfg: RunConfig) -> Path:
 def model_path(cfg: RunConfig) -> str:
     """What OpenRLHF and the evaluator load: the built folder for a CPU model, else ``model.name`` (a hub id or
     a local folder). Pure: builds nothing (:func:`prepare` does)."""
-    return str(model_dir(cfg)) if is_cpu_model(cfg) else cfg.model.name
+    return str(model_dir(cfg)) if is_toy_model(cfg) else cfg.model.name
 
 
 # ---------------------------------------------------------------- the task
@@ -138,7 +137,7 @@ def build_model(cfg: RunConfig, tokenizer):
         num_key_value_heads=max(1, m.n_head // 2),
         max_position_embeddings=MAX_POSITIONS,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta(m.d_model // m.n_head)},
-        tie_word_embeddings=False,  # the CPU weight sync reloads untied models only (nsr/openrlhf/cpu_shim.py)
+        tie_word_embeddings=False,  # untied as it always was (its numbers unchanged); tied models are re-tied too
         bos_token_id=eos,
         eos_token_id=eos,
         pad_token_id=eos,

