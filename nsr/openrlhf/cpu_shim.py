@@ -36,7 +36,11 @@ the ``processed_logprobs`` OpenRLHF asks for with IS correction (cli/train_ppo_r
 ``min_tokens=1`` (samples_generator.py), so the processed log-prob of the first response token is renormalised
 without EOS, and when the policy puts mass p on an immediate EOS, vllm_kl gains -log(1 - p) per response whatever
 the weights (measured: 0.03-0.07 at lr 1e-2 with ~3-6-token responses). Raw log-probs make vllm_kl the weight gap
-alone; the sampling is unchanged.
+alone; the sampling is unchanged. With ``NSR_OPENRLHF_CPU_RATIO_LOG=<file>`` (:data:`RATIO_LOG`, test only) every policy
+rank appends one JSON line per micro-batch it trains: the RL step, the micro-batch's index in it, whether it belongs
+to the step's first optimizer update, max |ratio - 1| over its response tokens and OpenRLHF's clip ratio, so a test
+can check that the first update of each rollout sees ratios of exactly 1 (old log-probs recomputed by the actor on
+the same path and dtype).
 
 Imports torch, Ray, vLLM, DeepSpeed and OpenRLHF, each inside the function that needs it.
 """
@@ -56,6 +60,8 @@ STALE = "NSR_OPENRLHF_CPU_STALE_VLLM"
 the base model's weights until sync n + 1."""
 RAW_LOGPROBS = "NSR_OPENRLHF_CPU_RAW_LOGPROBS"
 """Test only (value 1): vLLM's rollout log-probs are the raw ones (``logprobs_mode="raw_logprobs"``)."""
+RATIO_LOG = "NSR_OPENRLHF_CPU_RATIO_LOG"
+"""Test only (a file path): each policy rank appends a JSON line per trained micro-batch (:func:`patch_ratio_log`)."""
 KVCACHE_GIB = "1"
 """vLLM's KV cache on CPU (``VLLM_CPU_KVCACHE_SPACE``, GiB) unless set: its default is sized for a real model."""
 THREADS_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -76,8 +82,9 @@ def cpu_env() -> dict[str, str]:
     """The environment every process of a CPU run gets (values already set win, but for ``DS_ACCELERATOR``)."""
     env = {k: os.environ.get(k, v) for k, v in THREADS_ENV.items()}
     env |= {"DS_ACCELERATOR": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KVCACHE_GIB)}
-    if os.environ.get(STALE):
-        env[STALE] = os.environ[STALE]
+    for key in (STALE, RATIO_LOG):
+        if os.environ.get(key):
+            env[key] = os.environ[key]
     return env
 
 
@@ -244,6 +251,59 @@ def patch_weight_sync() -> None:
     trainer.broadcast_to_vllm = broadcast_to_vllm
 
 
+def patch_ratio_log() -> None:
+    """With :data:`RATIO_LOG`: per trained micro-batch, {rl_step, micro, first_update, max_ratio_dev, clip_ratio,
+    tokens} appended to that file (one line; the RL step counts ``ppo_train`` calls of this rank, from 1)."""
+    path = os.environ.get(RATIO_LOG)
+    from openrlhf.trainer.ray import ppo_actor
+
+    trainer = ppo_actor.ActorPPOTrainer
+    if not path or getattr(trainer.training_step, "_nsr_cpu", False):
+        return
+    import json
+
+    import torch
+
+    train, step = trainer.ppo_train, trainer.training_step
+    counts = {"rl_step": 0, "micro": 0}
+
+    def ppo_train(self, *args, **kwargs):
+        counts["rl_step"] += 1
+        counts["micro"] = 0
+        return train(self, *args, **kwargs)
+
+    def training_step(self, experience, *args, **kwargs):
+        loss_fn = self.actor_loss_fn
+        micro = counts["micro"]
+        counts["micro"] += 1
+
+        def recorded(log_probs, old_log_probs, advantages, action_mask=None, **kw):
+            out = loss_fn(log_probs, old_log_probs, advantages, action_mask=action_mask, **kw)
+            mask = action_mask.bool()
+            dev = (log_probs.detach().float() - old_log_probs.float()).exp().sub(1).abs()[mask]
+            row = {
+                "rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
+                "rl_step": counts["rl_step"],
+                "micro": micro,
+                "first_update": micro < self.strategy.accumulated_gradient,
+                "max_ratio_dev": dev.max().item() if dev.numel() else 0.0,
+                "clip_ratio": float(out[1]),
+                "tokens": int(mask.sum()),
+            }
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            return out
+
+        self.actor_loss_fn = recorded
+        try:
+            return step(self, experience, *args, **kwargs)
+        finally:
+            self.actor_loss_fn = loss_fn
+
+    ppo_train._nsr_cpu = training_step._nsr_cpu = True
+    trainer.ppo_train, trainer.training_step = ppo_train, training_step
+
+
 def setup_worker() -> None:
     """Ray's ``worker_process_setup_hook``: runs in every Ray worker before it imports any task or actor."""
     os.environ.update(cpu_env())
@@ -252,6 +312,7 @@ def setup_worker() -> None:
     patch_replay_buffer()
     patch_deepspeed()
     patch_weight_sync()
+    patch_ratio_log()
 
 
 # ---------------------------------------------------------------- vLLM's engine-core process
