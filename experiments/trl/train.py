@@ -127,15 +127,14 @@ def _math_parts(cfg: RunConfig, progress: bool):
     """(model, tokenizer, dataset, reward function, evaluate) for a HF model on the math prompt files made by
     ``python -m experiments.openrlhf.data`` (the OpenRLHF backend's data and scorer)."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from experiments.models.smollm2 import load
     from experiments.openrlhf.evaluate import eval_rows, load_benchmark
     from experiments.openrlhf.reward import score
     from experiments.rundir import read_jsonl
 
-    tok = AutoTokenizer.from_pretrained(cfg.model.name)
     dtype = torch.bfloat16 if cfg.trl.bf16 and torch.cuda.is_available() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.name, dtype=dtype)
+    model, tok, model.model_info = load(cfg.model.name, untie=cfg.model.untie_embeddings, dtype=dtype)
     rows = read_jsonl(Path(cfg.task.train_data))
 
     def prompt(text: str):
@@ -198,6 +197,29 @@ def latest_checkpoint(rd: RunDir) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
+MODEL_RECORD = "model.json"
+"""In ``trl_checkpoints/``: the model identity a run started from (meta.model), kept for its resumes."""
+
+
+def _record_model(rd: RunDir, info: dict) -> None:
+    """meta.model in config.yaml (gguf_sha256, weights_sha256, untied, name); a run with checkpoints refuses to resume
+    from other weights than those it started from (ModelSourceError)."""
+    import json
+
+    from experiments.models.smollm2 import check_resume
+
+    meta = {k: info[k] for k in ("name", "gguf_sha256", "weights_sha256", "untied")}
+    record = rd.path / CHECKPOINT_DIR / MODEL_RECORD
+    if latest_checkpoint(rd) is not None and record.is_file():
+        check_resume(json.loads(record.read_text()), meta, rd.path)
+    elif latest_checkpoint(rd) is None:
+        shutil.rmtree(rd.path / CHECKPOINT_DIR, ignore_errors=True)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(meta, indent=1) + "\n")
+    if rd.config_path.exists():
+        rd.update_meta(model=meta)
+
+
 def check_runnable(cfg: RunConfig) -> None:
     """The checks the run makes at its start, without a model: the GRPOConfig it builds and NSRGRPOTrainer's refusals
     of that config (nsr.trl). ConfigError naming the option and what is allowed."""
@@ -231,6 +253,9 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
         from experiments.tiny.sft import record_warm_start
 
         record_warm_start(rd, cfg, info)
+    model_info = getattr(model, "model_info", None)
+    if model_info is not None:  # a HF model: what it starts from (meta.model), checked again on resume
+        _record_model(rd, model_info)
     k = optimizer_steps_per_rl_step(cfg)
 
     class RunFolder(TrainerCallback):
@@ -283,7 +308,9 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
     trainer, run_eval = build_trainer(cfg, rd, progress, stop_after)
     resume = latest_checkpoint(rd)
     if resume is None:
-        shutil.rmtree(rd.path / CHECKPOINT_DIR, ignore_errors=True)
+        for p in (rd.path / CHECKPOINT_DIR).glob("*"):  # a fresh start: nothing but the model record stays
+            if p.name != MODEL_RECORD:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
         rd.reset_logs()
         rd.append("eval.jsonl", run_eval(trainer.model, 0))
     else:

@@ -1,0 +1,1 @@
+"""Tasks shared by several backends (layout: countdown for the CPU testbed, arithmetic for the real model)."""
