@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.config import ConfigError, RunConfig
-from experiments.openrlhf.plan import CKPT_MAX_NUM, rows_needed, train_data_path
+from experiments.openrlhf.plan import ARITHMETIC, CKPT_MAX_NUM, rows_needed, train_data_path
 from experiments.openrlhf.toy import model_path
 from nsr.openrlhf.launch import CPU_ENV
 from nsr.openrlhf.mapping import ESTIMATOR, LOSS_TYPE, check_random_reward
@@ -73,7 +73,16 @@ def check(cfg: RunConfig) -> None:
     o, r, t = cfg.openrlhf, cfg.rollout, cfg.train
     if cfg.backend != "openrlhf":
         _fail(f"backend={cfg.backend!r} is not valid here; allowed: openrlhf")
-    if not cfg.task.train_data:
+    if cfg.task.name == ARITHMETIC:  # generated on first use (experiments/tasks/arithmetic.py): its own files
+        from experiments.tasks.arithmetic import check_task
+
+        check_task(cfg.task)
+        if cfg.task.train_data:
+            _fail(
+                f"task.train_data={cfg.task.train_data!r} is not valid with task.name='arithmetic'; allowed: '' "
+                "(the task writes its own files)"
+            )
+    elif not cfg.task.train_data:
         _fail("task.train_data='' is not valid; allowed: a prompt JSONL made by python -m experiments.openrlhf.data")
     if cfg.model.name == "tiny-gpt2":
         _fail("model.name='tiny-gpt2' is the CPU testbed's model; allowed: a HF model id or local path")

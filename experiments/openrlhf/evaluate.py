@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from experiments.config import RunConfig, load_config
-from experiments.openrlhf.plan import eval_steps
+from experiments.openrlhf.plan import eval_steps, train_data_path
 from experiments.openrlhf.reward import score
 from experiments.openrlhf.toy import model_path
 from experiments.rundir import RunDir, read_jsonl
@@ -62,7 +62,7 @@ def checkpoints(run_dir: Path, cfg: RunConfig) -> dict[int, str]:
 
 
 def benchmark_file(cfg: RunConfig, name: str) -> Path:
-    folder = Path(cfg.task.data_dir) if cfg.task.data_dir else Path(cfg.task.train_data).parent
+    folder = Path(cfg.task.data_dir) if cfg.task.data_dir else train_data_path(cfg).parent
     return folder / f"{name}.jsonl"
 
 
@@ -126,8 +126,9 @@ def _generate(model: str, prompts: list[str], cfg: RunConfig, tp: int) -> dict[s
     llm = LLM(model=model, **engine_kwargs(cfg, tp, cpu_only()))
     if cfg.task.chat_template:
         tok = llm.get_tokenizer()
-        prompts = [
-            tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        render = {"tokenize": False, "add_generation_prompt": True}
+        prompts = [  # a chat prompt (the arithmetic task's, one-shot turn included) as it is, a text as a user turn
+            tok.apply_chat_template(p if isinstance(p, list) else [{"role": "user", "content": p}], **render)
             for p in prompts
         ]
     runs = {

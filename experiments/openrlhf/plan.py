@@ -34,6 +34,8 @@ import yaml
 from experiments.config import RunConfig
 from experiments.rundir import REPO_ROOT
 
+ARITHMETIC = "arithmetic"
+"""task.name of the generated arithmetic task (experiments/tasks/arithmetic.py): no train_data file to name."""
 FILTER_HEADROOM = 3
 """With dynamic filtering, prompt rows per prompt a step trains on (the filter must keep >= 1/3 of the groups)."""
 CKPT_MAX_NUM = 2
@@ -96,6 +98,13 @@ def rows_needed(cfg: RunConfig) -> int:
 
 
 def train_data_path(cfg: RunConfig) -> Path:
+    """The prompt file OpenRLHF reads: ``task.train_data`` (from the repo root), or for the generated ``arithmetic``
+    task whole seeded passes over its training problems, written next to them by the backend
+    (experiments/openrlhf/backend.py ``write_task_data``; pure here)."""
+    if cfg.task.name == ARITHMETIC:
+        from experiments.tasks.arithmetic import data_dir
+
+        return data_dir(cfg.task) / f"openrlhf-train-{rows_needed(cfg)}.jsonl"
     path = Path(cfg.task.train_data)
     return path if path.is_absolute() else REPO_ROOT / path
 

@@ -62,9 +62,14 @@ def model_dir(cfg: RunConfig) -> Path:
 
 
 def model_path(cfg: RunConfig) -> str:
-    """What OpenRLHF and the evaluator load: the built folder for a CPU model, else ``model.name`` (a hub id or
-    a local folder). Pure: builds nothing (:func:`prepare` does)."""
-    return str(model_dir(cfg)) if is_toy_model(cfg) else cfg.model.name
+    """What OpenRLHF and the evaluator load: the built folder for a toy model, SmolLM2's prepared folder for
+    ``smollm2-135m-instruct`` (an untied copy's with ``model.untie_embeddings``), else ``model.name`` (a hub id or a
+    local folder). Pure: builds nothing (:func:`prepare` and the backend's ``prepared_folder`` do)."""
+    if is_toy_model(cfg):
+        return str(model_dir(cfg))
+    from experiments.models.smollm2 import folder_for
+
+    return str(folder_for(cfg.model.name, untie=cfg.model.untie_embeddings))
 
 
 # ---------------------------------------------------------------- the task
