@@ -104,7 +104,8 @@ class TaskConfig:
 
     name: str = "countdown3"
     """tiny: countdown3 (Countdown with 3 digits), countdown4 (4 digits, answers of 8 tokens) or add3; openrlhf:
-    math (boxed answers, math-verify)."""
+    math (boxed answers, math-verify); trl: also arithmetic (generated; the fields below, experiments/tasks/
+    arithmetic.py)."""
     train_data: str = ""
     """openrlhf: prompt JSONL made by ``python -m experiments.openrlhf.data`` (empty for tiny)."""
     eval_benchmarks: tuple[str, ...] = ()
@@ -116,6 +117,21 @@ class TaskConfig:
     data_dir: str = ""
     """openrlhf: folder of the evaluator's ``<benchmark>.jsonl`` files (made by ``experiments.openrlhf.data``);
     '' = the folder of ``train_data``."""
+
+    families: tuple[str, ...] = ()
+    """arithmetic: the problem families mixed (experiments.tasks.arithmetic.FAMILIES, e.g. mul_add, add_2d1d)."""
+    n_train: int = 0
+    """arithmetic: distinct training problems."""
+    n_eval: int = 0
+    """arithmetic: evaluation problems (disjoint from the training ones)."""
+    prompt_template: str = ""
+    """arithmetic: the user turn of a problem; ``{problem}`` is replaced by it (e.g. ``3 * 4 + 5``)."""
+    one_shot: tuple[str, ...] = ()
+    """arithmetic: a worked example as an earlier chat turn: [user turn, assistant turn], or [] for none."""
+    system_prompt: str = ""
+    """arithmetic: the system turn ('' = none: the model's chat template may add its own)."""
+    generator_version: int = 0
+    """arithmetic: the problem generator's version (must be the code's: experiments.tasks.arithmetic)."""
 
     def __post_init__(self):
         check_range("task", "max_prompt_len", self.max_prompt_len, 1, MAX_TOKENS)
@@ -426,6 +442,8 @@ def _sha8(data) -> str:
 
 
 SINCE_SCHEME1: dict[str, Any] = {"model.untie_embeddings": False, "openrlhf.cpu": False}
+SINCE_SCHEME1.update({"task.families": [], "task.n_train": 0, "task.n_eval": 0, "task.prompt_template": "",
+                      "task.one_shot": [], "task.system_prompt": "", "task.generator_version": 0})  # fmt: skip
 """Fields added after scheme 1, with their defaults: scheme 1's hash leaves each out where it holds its default (the
 value every scheme-1 run had), so the runs it made are not taken for older code's."""
 

@@ -27,6 +27,7 @@ import torch
 
 from experiments.config import RunConfig
 from experiments.rundir import RunDir
+from experiments.trl.checks import HF_TASKS
 
 CHECKPOINT_DIR = "trl_checkpoints"
 
@@ -124,8 +125,9 @@ def _tiny_parts(cfg: RunConfig, progress: bool):
 
 
 def _math_parts(cfg: RunConfig, progress: bool):
-    """(model, tokenizer, dataset, reward function, evaluate) for a HF model on the math prompt files made by
-    ``python -m experiments.openrlhf.data`` (the OpenRLHF backend's data and scorer)."""
+    """(model, tokenizer, dataset, reward function, evaluate) for a HF model (experiments.models.smollm2.load) on the
+    math prompt files made by ``python -m experiments.openrlhf.data`` or the generated arithmetic task
+    (experiments.tasks.arithmetic), scored by the kit's math reward."""
     from datasets import Dataset
 
     from experiments.models.smollm2 import load
@@ -135,10 +137,26 @@ def _math_parts(cfg: RunConfig, progress: bool):
 
     dtype = torch.bfloat16 if cfg.trl.bf16 and torch.cuda.is_available() else torch.float32
     model, tok, model.model_info = load(cfg.model.name, untie=cfg.model.untie_embeddings, dtype=dtype)
-    rows = read_jsonl(Path(cfg.task.train_data))
+    if cfg.task.name == "arithmetic":  # generated on first use; prompts are chats already
+        from experiments.tasks.arithmetic import write_files
 
-    def prompt(text: str):
-        return [{"role": "user", "content": text}] if cfg.task.chat_template else text
+        files = write_files(cfg.task)
+        rows = read_jsonl(files["train"])
+        held_out = read_jsonl(files["eval"])[: cfg.eval.n_prompts]
+
+        def benchmarks():
+            return [("arithmetic", held_out)] if held_out else []
+
+        def prompt(p):
+            return p
+    else:
+        rows = read_jsonl(Path(cfg.task.train_data))
+
+        def benchmarks():
+            return [(name, load_benchmark(cfg, name)) for name in cfg.task.eval_benchmarks]
+
+        def prompt(p):
+            return [{"role": "user", "content": p}] if cfg.task.chat_template else p
 
     data = Dataset.from_dict({"prompt": [prompt(r["prompt"]) for r in rows], "label": [r["label"] for r in rows]})
 
@@ -150,8 +168,7 @@ def _math_parts(cfg: RunConfig, progress: bool):
         from experiments.trl.generate import sample_texts
 
         out = []
-        for name in cfg.task.eval_benchmarks:
-            problems = load_benchmark(cfg, name)
+        for name, problems in benchmarks():
             prompts = [prompt(p["prompt"]) for p in problems]
             for decoding, texts in sample_texts(model, tok, prompts, cfg, step).items():
                 out += eval_rows(step, name, problems, texts, decoding)
@@ -246,7 +263,7 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    parts = _tiny_parts if cfg.task.name != "math" else _math_parts
+    parts = _math_parts if cfg.task.name in HF_TASKS else _tiny_parts
     model, tok, data, reward, run_eval = parts(cfg, progress)
     info = getattr(model, "warm_start_info", None)
     if info is not None and rd.config_path.exists():  # a model trained from a testbed warm start: pairs need its hash

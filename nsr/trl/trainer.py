@@ -12,8 +12,8 @@ checkpoints) and changes two things:
   router's load-balancing loss (``router_aux_loss_coef``);
 * advantages are ``nsr.compute_advantages`` of the rewards with ``advantages`` (an ``nsr.AdvantageConfig``: group_norm
   = (R - mean) / (std + 1e-9), no_std, positive_only, random_reward, noise), replacing TRL's (R - mean) / (std + 1e-4).
-  This is by design, so TRL's own advantage options are refused, not ignored: ``scale_rewards`` other than ``group``
-  (use ``advantages.kind``) and ``multi_objective_aggregation`` other than ``sum_then_normalize``.
+  TRL's ``scale_rewards`` maps onto them (:func:`scaled_advantages`: ``none`` = no_std, ``batch`` = no_std over the
+  batch's reward std); ``multi_objective_aggregation`` other than ``sum_then_normalize`` is refused, not ignored.
 
 With rule ``hard`` the loss and gradient equal TRL's own ``dapo`` / ``grpo`` loss (tests/test_trl.py,
 tests/test_trl_parity.py) for every log-ratio |log r| <= ``nsr.LOG_RATIO_CLAMP`` (20). Beyond it the kit clamps log r
@@ -27,9 +27,9 @@ resumed from a TRL checkpoint draws what an uninterrupted one draws.
 
 Refused before any work, naming the option (``GRPOConfig.<key>=... is not valid with NSRGRPOTrainer; allowed: ...``):
 loss types other than dapo / grpo (the rule comes from ``loss.rule``), a trust region or importance-sampling level
-that disagrees with ``loss``, TRL's ``delta``, off-policy and entropy masks, adaptive entropy, ``scale_rewards`` and
-``multi_objective_aggregation`` (above), and multimodal inputs (image columns, a vision-language model or processor):
-the kit's loss does not pass ``pixel_values`` and the like to the model.
+that disagrees with ``loss``, TRL's ``delta``, off-policy and entropy masks, adaptive entropy, a ``scale_rewards``
+that contradicts ``advantages`` and ``multi_objective_aggregation`` (above), and multimodal inputs (image columns, a
+vision-language model or processor): the kit's loss does not pass ``pixel_values`` and the like to the model.
 
 Metrics (in TRL's log, each reduced over the logging window as declared once): every metric TRL's ``_compute_loss``
 logs, under TRL's name and with TRL's definition and reduction (``kl``, ``entropy``, ``policy_loss`` and
@@ -47,6 +47,7 @@ import torch
 from trl import GRPOTrainer
 
 import nsr
+from nsr.advantages import STD_EPS
 from nsr.objectives import METRIC_REDUCE, reduce_metric
 from nsr.seeds import generator
 
@@ -75,15 +76,16 @@ class NSRGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | None = None, seed=None, **kw):
         if not isinstance(loss, nsr.LossConfig):
             raise TypeError(f"loss must be nsr.LossConfig, got {type(loss).__name__}")
+        advantages = advantages or nsr.AdvantageConfig()
         if kw.get("args") is not None:  # before any model or data work; TRL's default GRPOConfig is checked below
-            _check_args(kw["args"], loss)
+            _check_args(kw["args"], loss, advantages)
         model = kw.get("model", args[0] if args else None)
         _check_text_only(kw.get("train_dataset"), kw.get("eval_dataset"), kw.get("processing_class"), model)
         super().__init__(*args, **kw)
-        _check_args(self.args, loss)
+        _check_args(self.args, loss, advantages)
         _check_text_only(None, None, self.processing_class, self.model)
         self.nsr_loss = loss
-        self.nsr_advantages = advantages or nsr.AdvantageConfig()
+        self.nsr_advantages, self.nsr_batch_scale = scaled_advantages(self.args.scale_rewards, advantages)
         self.nsr_seed = self.args.seed if seed is None else seed
         self._rewards_per_func = None
         self._eval_micro = (None, 0)  # (global step, micro-batches evaluated at it): the eval loss streams
@@ -105,6 +107,8 @@ class NSRGRPOTrainer(GRPOTrainer):
         groups = torch.arange(rewards.numel(), device=rewards.device) // g
         gen = generator("trl-adv", self.nsr_seed, self.state.global_step)
         adv = nsr.compute_advantages(rewards.cpu(), groups.cpu(), self.nsr_advantages, generator=gen)
+        if self.nsr_batch_scale:  # scale_rewards="batch": the group baseline over the batch's reward std
+            adv = adv / (rewards.cpu().std() + STD_EPS)
         adv = adv.to(out["advantages"].device, out["advantages"].dtype)
         n = len(out["prompt_ids"])
         out["advantages"] = adv[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
@@ -293,7 +297,33 @@ def _check_text_only(train_dataset, eval_dataset, processing_class, model=None) 
         raise ValueError(_MULTIMODAL_ERROR.format(what=f"model {type(model).__name__} has a vision_config"))
 
 
-def _check_args(args, loss: nsr.LossConfig) -> None:
+SCALE_REWARDS = ("group", "none", "batch")
+"""TRL's ``scale_rewards`` values (GRPOConfig turns True / False into "group" / "none")."""
+
+
+def scaled_advantages(scale_rewards: str, advantages: nsr.AdvantageConfig) -> tuple[nsr.AdvantageConfig, bool]:
+    """TRL's ``scale_rewards`` on the kit's advantage transforms: (the AdvantageConfig to compute, whether to divide
+    by the batch's reward std afterwards). ``group``: ``advantages`` as given (group_norm by default: (R - mean_g) /
+    (std_g + 1e-9)); ``none``: group_norm becomes no_std (R - mean_g); ``batch``: no_std, then / (std of the batch's
+    rewards + 1e-9) (TRL's formula with the kit's epsilon; TRL adds 1e-4). ``none`` and ``batch`` change only
+    group_norm (or keep no_std for none): another kind, or noise with batch, is refused naming both options."""
+    if scale_rewards not in SCALE_REWARDS:
+        allowed = ", ".join(SCALE_REWARDS)
+        raise ValueError(f"GRPOConfig.scale_rewards={scale_rewards!r} is not valid; allowed: {allowed}")
+    if scale_rewards == "group":
+        return advantages, False
+    ok = advantages.kind == "group_norm" or (scale_rewards == "none" and advantages.kind == "no_std")
+    if not ok or (scale_rewards == "batch" and advantages.noise):
+        raise ValueError(
+            f"GRPOConfig.scale_rewards={scale_rewards!r} is not valid with advantages.kind={advantages.kind!r} and "
+            f"advantages.noise={advantages.noise} in NSRGRPOTrainer; allowed: scale_rewards='group' with any "
+            "advantages.kind, 'none' with kind group_norm or no_std (both mean R - group mean), 'batch' with kind "
+            "group_norm and noise 0"
+        )
+    return advantages.replace(kind="no_std"), scale_rewards == "batch"
+
+
+def _check_args(args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | None = None) -> None:
     """TRL options this subclass does not reproduce, or that would disagree with ``loss``: a clear error."""
 
     def refuse(key, value, allowed):
@@ -310,13 +340,7 @@ def _check_args(args, loss: nsr.LossConfig) -> None:
     for key, off in (("delta", None), ("off_policy_mask_threshold", None), ("top_entropy_quantile", 1.0)):
         if getattr(args, key) != off:
             refuse(key, getattr(args, key), repr(off))
-    if args.scale_rewards != "group":  # GRPOConfig turns True / False into "group" / "none"
-        allowed = (
-            "'group' (TRL's default). NSRGRPOTrainer replaces TRL's advantages by design with nsr.compute_advantages: "
-            "choose them with advantages=nsr.AdvantageConfig(kind=...), e.g. kind='no_std' for unscaled advantages "
-            "(R - group mean); batch-std scaling has no nsr kind"
-        )
-        refuse("scale_rewards", args.scale_rewards, allowed)
+    scaled_advantages(args.scale_rewards, advantages or nsr.AdvantageConfig())  # ValueError naming both options
     if args.multi_objective_aggregation != "sum_then_normalize":  # the advantage is nsr's, of the weighted sum
         refuse("multi_objective_aggregation", args.multi_objective_aggregation, "sum_then_normalize")
     if args.use_adaptive_entropy:
