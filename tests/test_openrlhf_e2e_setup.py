@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from experiments.config import ConfigError, load_config
+from experiments.models import smollm2
 from experiments.openrlhf import evaluate, toy
 from experiments.openrlhf.argv import CPU_SETTINGS, build_command
 from nsr.openrlhf.launch import CPU_ENV
@@ -40,7 +41,12 @@ def test_only_the_cpu_presets_switch_the_shim_on(tmp_path):
         assert cfg.openrlhf.cpu == cpu, name
         assert cmd.env == ({CPU_ENV: "1"} if cpu else {}), name
         model = cmd.openrlhf_argv[cmd.openrlhf_argv.index("--actor.model_name_or_path") + 1]
-        assert (model == str(toy.model_dir(cfg))) if toy.is_toy_model(cfg) else (model != ""), name
+        if toy.is_toy_model(cfg):
+            assert model == str(toy.model_dir(cfg)), name
+        elif cfg.model.name == smollm2.NAME:  # the prepared folder, named without converting anything
+            assert model == str(smollm2.folder_for()) and model.endswith(smollm2.GGUF_SHA256[:16] + "-v1"), name
+        else:
+            assert model == cfg.model.name, name
 
 
 def test_the_cpu_path_is_switched_by_the_field_not_the_model(tmp_path):

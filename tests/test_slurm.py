@@ -91,7 +91,9 @@ def finish(jobs):
             j.result()
 
 
-SMOLLM2_SMALL = "train.steps: 2"
+SMOLLM2_SMALL = (
+    "train.steps: 2, rollout.prompts_per_step: 4, rollout.samples_per_prompt: 4, eval.n_prompts: 4, eval.n_samples: 2"
+)
 """Overrides of the 2-step SmolLM2 run on the local SLURM (the TRL preset's own batch otherwise)."""
 
 
