@@ -27,8 +27,8 @@ from tqdm import tqdm
 from analysis.stats import pass_at_k
 from experiments.config import RunConfig, load_config
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
-from experiments.tiny import set_threads
-from experiments.tiny.sft import warm_start
+from experiments.sft import warm_start
+from experiments.threads import set_threads
 
 PRESET = REPO_ROOT / "sweeps" / "presets" / "tiny.yaml"
 COMMON = ["train.steps=300", "eval.every=50"]

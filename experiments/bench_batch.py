@@ -54,7 +54,7 @@ def measure(args) -> dict:
     env = {**os.environ, "NSR_THREADS": os.environ.get("NSR_THREADS", "1")}
     overrides = [*args.set, *([f"train.steps={args.steps}"] if args.steps else []), "logging.progress=false"]
     subprocess.run(
-        [sys.executable, "-m", "experiments.tiny.sft", str(args.preset), *overrides],
+        [sys.executable, "-m", "experiments.sft", str(args.preset), *overrides],
         env=env, check=True, capture_output=True,
     )  # fmt: skip
     cases: list[int | None] = [None, *args.sizes]

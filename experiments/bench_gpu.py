@@ -34,12 +34,12 @@ import torch
 
 import nsr
 from experiments.config import load_config
+from experiments.models.tiny import build_model
 from experiments.rundir import REPO_ROOT
+from experiments.sft import committed_dir, sft_key, sft_path
+from experiments.tasks.countdown import get_task
 from experiments.tiny.batched import batch_rl_step
 from experiments.tiny.batched_model import BatchedAdamW, BatchedGPT2
-from experiments.tiny.model import build_model
-from experiments.tiny.sft import committed_dir, sft_key, sft_path
-from experiments.tiny.task import get_task
 from nsr.seeds import generator
 
 TINY_PRESET = REPO_ROOT / "sweeps" / "presets" / "tiny.yaml"

@@ -275,8 +275,8 @@ def format_table(result: dict) -> str:
 def measure_tiny_step(args) -> dict:
     """Alternating RL steps of a hard run and an nsr run from the same warm start and seed; per-step times."""
     from experiments.config import load_config
-    from experiments.tiny.sft import warm_policy
-    from experiments.tiny.task import get_task
+    from experiments.sft import warm_policy
+    from experiments.tasks.countdown import get_task
     from experiments.tiny.train import rl_step
 
     load_before = _load()

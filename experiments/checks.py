@@ -33,3 +33,10 @@ def check_range(cls: str, key: str, value, lo=None, hi=None, *, lo_open: bool = 
     ok = is_number(value)
     ok = ok and (lo is None or (value > lo if lo_open else value >= lo)) and (hi is None or value <= hi)
     check_field(cls, key, ok, allowed, value)
+
+
+def check_verifier_reward(cfg) -> None:
+    """reward.source is verifier: label-free rewards are implemented by the tiny backend's loop only (the checks of
+    every other backend call this)."""
+    allowed = "verifier (label-free rewards are a tiny-backend option)"
+    check_field("reward", "source", cfg.reward.source == "verifier", allowed, cfg.reward.source)

@@ -1,10 +1,11 @@
-"""RunConfig: one frozen, typed, documented config for a run, on either backend.
+"""RunConfig: one frozen, typed, documented config for a run, on any backend: the schema only.
 
 YAML in and out; ``key=value`` overrides (``seed=3``, ``loss.rule=nsr``, ``train.lr=1e-4``) are checked against
 the field types; every check runs at construction, before any work starts, and names the key, the file and the
 allowed values. A run's id is a readable name plus 8 hex of the sha256 of the canonical JSON of the fields its
-outputs depend on (:data:`IDENTITY`, per backend), so a new commit, or a new field of another backend, does not rename
-runs.
+outputs depend on (each backend's ``identity`` fields, experiments/backends.py), so a new commit, or a new field of
+another backend, does not rename runs. This module imports no backend: each backend registers its config checks and
+identity fields here (:func:`register_backend`, called by experiments/backends.py, which ``import experiments`` loads).
 
     from experiments.config import load_config
     cfg = load_config("sweeps/presets/tiny.yaml", ["loss.rule=nsr", "seed=1"])
@@ -21,6 +22,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,16 +30,27 @@ from typing import Any, Literal
 import yaml
 
 from experiments.checks import ConfigError, check_field, check_range
-from experiments.tiny.checks import check_config as check_tiny
-from experiments.trl.checks import check_config as check_trl
 from experiments.yamlio import parse_yaml, read_yaml
 from nsr import AdvantageConfig, LossConfig
 from nsr.config import AGG_MODES
 
-__all__ = ["ConfigError", "RunConfig", "check_field", "from_dict", "load_config"]
+__all__ = ["ConfigError", "RunConfig", "check_field", "from_dict", "load_config", "register_backend"]
 
-BACKEND_CHECKS = {"tiny": check_tiny, "trl": check_trl}
-"""Checks of the backends that run a RunConfig in this process (the openrlhf backend's are its argv builder's)."""
+BACKEND_CHECKS: dict[str, Callable[[RunConfig], None]] = {}
+"""Backend name -> its config checks, run at a RunConfig's construction (filled by :func:`register_backend`)."""
+IDENTITY: dict[str, tuple[str, ...]] = {}
+"""Backend name -> the dotted fields (a section stands for all its fields) that a run's outputs depend on (filled by
+:func:`register_backend`; each backend's record in experiments/backends.py says why its fields are there)."""
+
+
+def register_backend(name: str, check: Callable[[RunConfig], None], identity: tuple[str, ...]) -> None:
+    """Make ``name`` a valid ``backend``, with the config checks every RunConfig of it passes at construction and the
+    fields its run id hashes. Called once per backend by experiments/backends.py."""
+    if name in BACKEND_CHECKS:
+        raise ValueError(f"backend {name!r} is registered twice")
+    BACKEND_CHECKS[name] = check
+    IDENTITY[name] = tuple(identity)
+
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -339,7 +352,8 @@ class TRLConfig:
 class RunConfig:
     """Everything that determines one run's numbers."""
 
-    backend: Literal["tiny", "openrlhf", "trl"] = "tiny"
+    backend: str = "tiny"
+    """Which backend runs it: a name registered by experiments/backends.py (tiny, openrlhf, trl)."""
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -355,15 +369,12 @@ class RunConfig:
     trl: TRLConfig = field(default_factory=TRLConfig)
 
     def __post_init__(self):
-        check_field(
-            "RunConfig", "backend", self.backend in ("tiny", "openrlhf", "trl"), "tiny, openrlhf, trl", self.backend
-        )
+        if not BACKEND_CHECKS:  # nothing registered: experiments/backends.py was not imported (import experiments does)
+            raise RuntimeError("no backend is registered; import experiments.backends before building a RunConfig")
+        if self.backend not in BACKEND_CHECKS:
+            raise ConfigError(f"backend={self.backend!r} is not valid; allowed: {', '.join(BACKEND_CHECKS)}")
         check_range("RunConfig", "seed", self.seed, 0, SEED_MAX)
-        if self.backend in BACKEND_CHECKS:  # model / task / batch checks of the backend that runs it
-            BACKEND_CHECKS[self.backend](self)
-        if self.backend != "tiny":  # options the tiny loop implements and the OpenRLHF launcher does not
-            allowed = "verifier (label-free rewards are a tiny-backend option)"
-            check_field("reward", "source", self.reward.source == "verifier", allowed, self.reward.source)
+        BACKEND_CHECKS[self.backend](self)  # model / task / batch checks of the backend that runs it
 
     # ---------------------------------------------------------------- views
     def to_dict(self) -> dict[str, Any]:
@@ -394,22 +405,6 @@ IDENTITY_SCHEME = 2
 2026-12-03) hashed every field but ``logging``; :func:`scheme1_hash` recomputes it, only to tell whether such a folder
 was made by older code (``legacy``)."""
 
-_METHOD = ("backend", "seed", "rollout", "train", "loss", "advantages", "reward", "eval")
-_TINY_MODEL = ("model.name", "model.d_model", "model.n_layer", "model.n_head")
-IDENTITY: dict[str, tuple[str, ...]] = {
-    "tiny": (*_METHOD, *_TINY_MODEL, "sft", "task.name", "logging.keep_checkpoint"),
-    "trl": (*_METHOD, "model", "sft", "task", "trl", "logging.checkpoint_every", "logging.keep_checkpoint"),
-    "openrlhf": (*_METHOD, "model", "task", "openrlhf", "logging.keep_checkpoint"),
-}
-"""Per backend, the dotted fields (a section stands for all its fields) that a run's outputs depend on: its numbers,
-its evaluation, and the files it leaves (``logging.keep_checkpoint`` keeps the final checkpoint; the trl backend keeps
-every ``checkpoint_every`` checkpoint). Left out: other backends' sections, fields the backend never reads (tiny:
-task.train_data and the other openrlhf task fields; openrlhf: the warm start), the progress
-bar, and ``train.allow_on_policy`` (a guard at construction; no trainer reads it). The sections of the method
-(``loss``, ``advantages``) enter whole: a rule's parameters are part of its config even where the rule ignores one
-(the hard rule at delta 0.5 is its own config, with the numbers of delta 0.2). tests/test_identity.py checks, on the
-tiny backend, that no field outside this table is read during a run and that changing every one of them leaves the
-outputs byte-identical."""
 _NOT_READ = ("train.allow_on_policy",)
 NEUTRAL = ("logging.checkpoint_every", "logging.progress")
 """Fields a tiny run reads that change none of its outputs: when it checkpoints (a resumed run ends with exactly the

@@ -43,11 +43,11 @@ import torch
 
 import nsr
 from experiments.config import ConfigError, RunConfig, load_config
+from experiments.models.tiny import build_model
 from experiments.rundir import append_jsonl
-from experiments.tiny import set_threads
-from experiments.tiny.model import build_model
-from experiments.tiny.sft import warm_start
-from experiments.tiny.task import EOS, TASKS, Task, encode, get_task
+from experiments.sft import warm_start
+from experiments.tasks.countdown import EOS, TASKS, Task, encode, get_task
+from experiments.threads import set_threads
 from experiments.tiny.train import rl_step
 from nsr.seeds import generator
 

@@ -32,8 +32,10 @@ import json
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
+from experiments import backends
 from experiments.config import ConfigError, RunConfig, load_config
 from experiments.rundir import (
     BAD,
@@ -46,71 +48,15 @@ from experiments.rundir import (
     RunFolderError,
     runs_by_hash,
 )
-from nsr.registry import Registry
 
-BACKENDS: Registry = Registry("backend")
-
-
-@BACKENDS.register("tiny")
-def _tiny(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
-    from experiments.tiny.train import train
-
-    train(cfg, rd, progress=progress)
-
-
-@BACKENDS.register("openrlhf")
-def _openrlhf(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
-    from experiments.openrlhf.backend import run_openrlhf
-
-    run_openrlhf(cfg, rd, progress=progress)
-
-
-@BACKENDS.register("trl")
-def _trl(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
-    from experiments.trl.train import run_trl
-
-    run_trl(cfg, rd, progress=progress)
-
-
-PREFLIGHT: Registry = Registry("backend")
-"""Per backend, the checks a run makes when it starts, before any work (the RunConfig's own checks ran at its
-construction). ``slurm.submit`` runs them on every run before any job exists, so no job fails at its start."""
-
-
-@PREFLIGHT.register("tiny")
-def _tiny_preflight(cfg: RunConfig) -> None:
-    """Nothing more: every tiny-backend check runs when the RunConfig is built (experiments.tiny.checks)."""
-
-
-@PREFLIGHT.register("openrlhf")
-def _openrlhf_preflight(cfg: RunConfig) -> None:
-    """The argv builder's refusals, then (where OpenRLHF is installed) every check the launcher makes before Ray
-    starts: OpenRLHF's version, its own parser and argument checks, the NSR layer's refusals."""
-    from experiments.openrlhf.argv import build_command
-
-    cmd = build_command(cfg, Path("results/runs/preflight"), "preflight")
-    try:
-        from nsr.openrlhf.launch import LaunchError, prepare
-    except ImportError:  # openrlhf is not installed here: its own checks run at the job's start
-        return
-    try:
-        prepare(cmd.argv[3:])  # after `python -m nsr.openrlhf.launch`
-    except LaunchError as e:
-        raise ConfigError(str(e).removeprefix("nsr.openrlhf.launch: error: ")) from None
-
-
-@PREFLIGHT.register("trl")
-def _trl_preflight(cfg: RunConfig) -> None:
-    """The GRPOConfig the run builds and NSRGRPOTrainer's refusals of it (no model is loaded)."""
-    from experiments.trl.train import check_runnable
-
-    check_runnable(cfg)
+BACKENDS = backends.BACKENDS
+"""Backend name -> its record (experiments/backends.py): what it runs, its checks, preflight, identity, packing."""
 
 
 def preflight(cfg: RunConfig) -> None:
     """Every check ``cfg``'s run makes at its start, before any work; ConfigError naming the key and the allowed
-    values if one fails."""
-    PREFLIGHT[cfg.backend](cfg)
+    values if one fails (the backend's ``preflight``, experiments/backends.py)."""
+    backends.preflight(cfg)
 
 
 class Cancelled(BaseException):
@@ -201,7 +147,7 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
     rd.set_status("running", run_hash=cfg.run_hash())
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        BACKENDS[cfg.backend](cfg, rd, progress)
+        BACKENDS[cfg.backend].run(cfg, rd, progress)
     except BaseException as e:
         # A second SIGTERM (SLURM sends several) must not interrupt the final status write.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -297,41 +243,45 @@ def run_batch(
 def _main_seeds(args) -> int:
     """``CONFIG [overrides] --seeds 0-7 [--out DIR]``: the seeds in one batch (:func:`run_batch`), run ``i`` in
     ``DIR/<config stem>-s<seed>-<run hash>`` (default DIR: results/runs/adhoc). Exit 0 all done, 1 a run failed,
-    2 bad input, 3 the folders refuse the batch, 143 cancelled."""
+    2 bad input, 3 the folders refuse the batch, 143 cancelled (:func:`_exit_code`)."""
     from experiments.tiny.batched import check_batch, parse_seeds, seed_run_id
 
-    try:
-        if args.sweep or args.dry_run or not args.config:
-            raise ConfigError("--seeds takes a config file and overrides (not --sweep, not --dry-run)")
-        if any(o.split("=", 1)[0].strip() == "seed" for o in args.overrides):
-            raise ConfigError("seed=... and --seeds both given; allowed: one of them")
-        base = load_config(args.config, args.overrides)
-        cfgs = [base.replace(seed=s) for s in parse_seeds(args.seeds)]
-        check_batch(cfgs)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.sweep or args.dry_run or not args.config:
+        raise ConfigError("--seeds takes a config file and overrides (not --sweep, not --dry-run)")
+    if any(o.split("=", 1)[0].strip() == "seed" for o in args.overrides):
+        raise ConfigError("seed=... and --seeds both given; allowed: one of them")
+    base = load_config(args.config, args.overrides)
+    cfgs = [base.replace(seed=s) for s in parse_seeds(args.seeds)]
+    check_batch(cfgs)
     stem = Path(args.config).stem
     run_ids = [seed_run_id(stem, c) for c in cfgs]
     outs = [Path(args.out) / r if args.out else default_out("adhoc", r) for r in run_ids]
     metas = [{"sweep": "adhoc", "arm": stem, "seed": c.seed} for c in cfgs]
+    if not args.out and not args.force:
+        for cfg, out in zip(cfgs, outs):
+            other = elsewhere(cfg, out) if RunDir(out).state() != "done" else None
+            if other is not None:
+                raise RunFolderError(f"seed {cfg.seed} (hash {cfg.run_hash()}) is {other[0]} in {other[1]}, a config "
+                                     f"runs once (pass --force to run it again into {out})")  # fmt: skip
+    statuses = run_batch(cfgs, outs, run_ids=run_ids, metas=metas, force=args.force, progress=not args.no_progress)
+    for st, out in zip(statuses, outs):
+        print(f"{st['state']}: {out}" + (f" ({st.get('error')})" if st["state"] == "failed" else ""))
+    return 0 if all(st["state"] == "done" for st in statuses) else 1
+
+
+def _exit_code(work: Callable[[], int]) -> int:
+    """``work()``'s exit status, or the status of what stopped it (the module doc's): 2 bad input (ConfigError),
+    3 the folder refuses the run (RunFolderError), 143 cancelled; the refusal's message goes to stderr."""
     try:
-        if not args.out and not args.force:
-            for cfg, out in zip(cfgs, outs):
-                other = elsewhere(cfg, out) if RunDir(out).state() != "done" else None
-                if other is not None:
-                    print(f"error: seed {cfg.seed} (hash {cfg.run_hash()}) is {other[0]} in {other[1]}, a config runs "
-                          f"once (pass --force to run it again into {out})", file=sys.stderr)  # fmt: skip
-                    return 3
-        statuses = run_batch(cfgs, outs, run_ids=run_ids, metas=metas, force=args.force, progress=not args.no_progress)
+        return work()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except RunFolderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
     except Cancelled:
         return 143
-    for st, out in zip(statuses, outs):
-        print(f"{st['state']}: {out}" + (f" ({st.get('error')})" if st["state"] == "failed" else ""))
-    return 0 if all(st["state"] == "done" for st in statuses) else 1
 
 
 def elsewhere(cfg: RunConfig, out: Path, root: Path | None = None) -> tuple[str, Path] | None:
@@ -404,10 +354,9 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
 
 
 def dry_run(args) -> list[dict]:
-    """The command of each run (all of --sweep, or the one of --run / a config): no Ray, no vLLM. For the openrlhf
-    backend also the part OpenRLHF's parser receives (checked by that parser); null for the tiny backend."""
-    from experiments.openrlhf.argv import build_command
-
+    """The command of each run (all of --sweep, or the one of --run / a config): no Ray, no vLLM. For a backend that
+    runs outside this process (openrlhf) its launcher command and the part OpenRLHF's parser receives (checked by that
+    parser); null for a backend that runs in this process."""
     if args.sweep and not args.run_id:
         from experiments.sweep import expand
 
@@ -422,7 +371,8 @@ def dry_run(args) -> list[dict]:
     out = []
     for cfg, run_id, sweep in specs:
         run_dir = Path(args.out) if args.out and len(specs) == 1 else default_out(sweep, run_id)
-        if cfg.backend != "openrlhf":  # the tiny backend runs in this process: its command is this module's
+        command = BACKENDS[cfg.backend].command
+        if command is None:  # the backend runs in this process: its command is this module's
             argv = [sys.executable, "-m", "experiments.run"]
             if args.sweep:
                 argv += ["--sweep", str(args.sweep), "--run", run_id]
@@ -432,7 +382,7 @@ def dry_run(args) -> list[dict]:
             argv += ["--out", str(run_dir)]
             out.append({"run_id": run_id, "argv": argv, "openrlhf_argv": None})
             continue
-        cmd = build_command(cfg, run_dir, run_id)
+        cmd = command(cfg, run_dir, run_id)
         if parse is not None:
             try:
                 parse(cmd.openrlhf_argv)
@@ -445,39 +395,34 @@ def dry_run(args) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)  # `CONFIG --out X key=value` works: overrides after options
     if args.seeds is not None:
-        return _main_seeds(args)
+        return _exit_code(lambda: _main_seeds(args))
     if args.dry_run:
-        try:
-            lines = dry_run(args)
-        except (ConfigError, ImportError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        for line in lines:
-            print(json.dumps(line))
-        return 0
+        return _exit_code(lambda: _main_dry_run(args))
+    return _exit_code(lambda: _main_run(args))
+
+
+def _main_dry_run(args) -> int:
     try:
-        cfg, run_id, sweep, meta = resolve(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        lines = dry_run(args)
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    for line in lines:
+        print(json.dumps(line))
+    return 0
+
+
+def _main_run(args) -> int:
+    cfg, run_id, sweep, meta = resolve(args)
     out = Path(args.out) if args.out else default_out(sweep, run_id)
-    try:
-        if not args.out and not args.force and RunDir(out).state() != "done":
-            other = elsewhere(cfg, out)
-            if other is not None:
-                state, where = other
-                print(
-                    f"error: this config (hash {cfg.run_hash()}) is {state} in {where}, a config runs once; the "
-                    f"analysis reads it from there (pass --force to run it again into {out})",
-                    file=sys.stderr,
-                )
-                return 3
-        status = run(cfg, out, run_id=run_id, meta=meta, force=args.force, progress=not args.no_progress)
-    except RunFolderError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    except Cancelled:
-        return 143
+    if not args.out and not args.force and RunDir(out).state() != "done":
+        other = elsewhere(cfg, out)
+        if other is not None:
+            state, where = other
+            raise RunFolderError(
+                f"this config (hash {cfg.run_hash()}) is {state} in {where}, a config runs once; the analysis reads "
+                f"it from there (pass --force to run it again into {out})"
+            )
+    status = run(cfg, out, run_id=run_id, meta=meta, force=args.force, progress=not args.no_progress)
     print(f"{status['state']}: {out}")
     return 0
 

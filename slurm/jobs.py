@@ -37,6 +37,7 @@ class RunJob:
     _requeued: bool = field(default=False, repr=False)
 
     def __call__(self) -> dict:
+        from experiments.backends import BACKENDS
         from experiments.config import from_dict
         from experiments.run import run
         from experiments.rundir import RunDir, RunExistsError
@@ -58,7 +59,7 @@ class RunJob:
                     rd.set_status("cancelled", error=REQUEUED, traceback=None)
                 raise
 
-        if cfg.backend == "openrlhf" and cfg.openrlhf.nodes > 1:
+        if BACKENDS[cfg.backend].on_ray_cluster(cfg):
             from slurm.ray_cluster import on_ray_cluster
 
             return on_ray_cluster(go, done_file=os.path.join(self.out, ".ray_done"))

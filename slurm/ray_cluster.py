@@ -143,6 +143,9 @@ def cluster_summary() -> dict:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(f"usage: srun -N NODES --ntasks-per-node=1 python -m slurm.ray_cluster\n{__doc__}")
+        sys.exit(0)
     job = os.environ.get("SLURM_JOB_ID", "x")
     out = on_ray_cluster(cluster_summary, done_file=f"{os.environ.get('TMPDIR', '/tmp')}/nsr-ray-{job}")
     if out is not None:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments.backends import BACKENDS
 from experiments.config import ConfigError
 from experiments.run import preflight
 from experiments.rundir import (
@@ -129,21 +130,17 @@ def resources(site: dict, preset: str, spec: RunSpec) -> dict[str, Any]:
     res.update(own)
     res.update(site["presets"].get(preset, {}))
     cfg = spec.config
-    if cfg.backend == "openrlhf":
-        gpus = 0 if cfg.openrlhf.cpu else cfg.openrlhf.gpus_per_node  # a CPU run's "GPUs" are its DeepSpeed ranks
-        for key, want in (("nodes", cfg.openrlhf.nodes), ("gpus_per_node", gpus)):
-            given = site["presets"].get(preset, {}).get(key, own.get(key, site["default"].get(key)))
-            if given is not None and given != want:
-                has = (
-                    "is a CPU run (openrlhf.cpu=true)"
-                    if key == "gpus_per_node" and cfg.openrlhf.cpu
-                    else f"has openrlhf.{key}={want}"
-                )
-                raise ConfigError(
-                    f"{site['path']}: {key}={given} for preset {preset!r}, but its config {has}; allowed: {want} "
-                    f"(or leave {key} out of the site file and of the preset's preset.slurm)"
-                )
-            res[key] = want
+    fixed = BACKENDS[cfg.backend].fixed_resources  # openrlhf: nodes, and GPUs per node (none for openrlhf.cpu)
+    for key, want in (fixed(cfg) if fixed else {}).items():
+        given = site["presets"].get(preset, {}).get(key, own.get(key, site["default"].get(key)))
+        if given is not None and given != want:
+            cpu = key == "gpus_per_node" and cfg.backend == "openrlhf" and cfg.openrlhf.cpu
+            has = "is a CPU run (openrlhf.cpu=true)" if cpu else f"has {cfg.backend}.{key}={want}"
+            raise ConfigError(
+                f"{site['path']}: {key}={given} for preset {preset!r}, but its config {has}; allowed: {want} "
+                f"(or leave {key} out of the site file and of the preset's preset.slurm)"
+            )
+        res[key] = want
     return res
 
 
@@ -269,20 +266,19 @@ def _job(task: list[Decision], res: dict) -> RunJob | BatchJob:
 
 
 def pack(decisions: list[Decision], batch_size: int) -> list[list[Decision]]:
-    """The tasks to submit: runs of the tiny backend that can share a batch (same preset and
-    ``experiments.tiny.batched.batch_key``: model, task, rollout, steps, updates, eval) in groups of at most
-    ``batch_size``, in submission order; every other run alone. A batch is an execution detail (its float64 check:
-    tests/test_batched.py), not part of a run's identity."""
-    from experiments.tiny.batched import batch_key
-
+    """The tasks to submit: runs whose backend packs runs (its ``batch_key``, experiments/backends.py; the tiny
+    backend's: model, task, rollout, steps, updates, eval) that can share a batch (same preset and key) in groups of
+    at most ``batch_size``, in submission order; every other run alone. A batch is an execution detail (its float64
+    check: tests/test_batched.py), not part of a run's identity."""
     tasks: list[list[Decision]] = []
     open_: dict[tuple, list[Decision]] = {}
     for d in decisions:
         cfg = d.spec.config
-        if batch_size <= 1 or cfg.backend != "tiny":
+        batch_key = BACKENDS[cfg.backend].batch_key
+        if batch_size <= 1 or batch_key is None:
             tasks.append([d])
             continue
-        key = (d.spec.meta["preset"], batch_key(cfg))
+        key = (d.spec.meta["preset"], cfg.backend, batch_key(cfg))
         cur = open_.get(key)
         if cur is None or len(cur) >= batch_size:
             cur = open_[key] = []
@@ -437,13 +433,14 @@ def _check_writable(folder: Path) -> None:
 
 
 def _resource_plans(decisions: list[Decision], res_of: dict) -> list:
-    """Rows, GPU-hours and disk of each openrlhf run (experiments.openrlhf.plan), with the site's time limit."""
-    todo = [d for d in decisions if d.spec.config.backend == "openrlhf"]
-    if not todo:
-        return []
-    from experiments.openrlhf.plan import plan_run
-
-    return [plan_run(d.spec.config, d.spec.run_id, res_of[d.spec.meta["preset"]]["time_min"] / 60) for d in todo]
+    """Rows, GPU-hours and disk of each run whose backend has a cluster plan (experiments/backends.py; the openrlhf
+    backend's: experiments.openrlhf.plan), with the site's time limit."""
+    out = []
+    for d in decisions:
+        plan = BACKENDS[d.spec.config.backend].plan
+        if plan is not None:
+            out.append(plan(d.spec.config, d.spec.run_id, res_of[d.spec.meta["preset"]]["time_min"] / 60))
+    return out
 
 
 def _run_here(ex, tasks: list[list[Decision]], res: dict, cluster: str, logs: Path, max_parallel: int | None) -> list:

@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import pytest
@@ -28,3 +29,35 @@ def make_batch(B=8, T=16, seed=0, spread=0.3, pad=True, dtype=torch.float64, adv
 @pytest.fixture
 def batch():
     return make_batch()
+
+
+@contextlib.contextmanager
+def run_environment(tmp_path_factory, cache: str = "nsr-cache", **env: str):
+    """A warm-start cache under the session's temp folder (NSR_CACHE_DIR), NSR_THREADS=1 unless set, and ``env``
+    (e.g. NSR_WARM_STARTS=""); yields the cache path. The environment and torch's thread count are restored after.
+
+    One thread: on a shared 2-core box, two OpenMP threads stall when other jobs run (docs/testbed.md).
+    """
+    path = tmp_path_factory.getbasetemp() / cache
+    keys = ("NSR_CACHE_DIR", "NSR_THREADS", *env)
+    saved = {k: os.environ.get(k) for k in keys}
+    threads = torch.get_num_threads()
+    os.environ["NSR_CACHE_DIR"] = str(path)
+    os.environ.setdefault("NSR_THREADS", "1")
+    os.environ.update(env)
+    try:
+        yield path
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def run_env(tmp_path_factory):
+    """:func:`run_environment` for a test module's runs: one warm-start cache shared by the session's runs."""
+    with run_environment(tmp_path_factory) as path:
+        yield path

@@ -46,18 +46,25 @@ def test_splits_are_disjoint_sized_and_the_eval_set_does_not_move(cfg):
     assert fewer["eval"] == parts["eval"] and fewer["train"] == parts["train"][:100]
 
 
+def test_the_one_shot_problem_is_in_neither_split(cfg):
+    parts = split(cfg.task)
+    shown = [r["problem"] for r in problems(cfg.task.families) if r["problem"] in cfg.task.one_shot[0]]
+    assert shown == ["7 * 3 + 5"] and len(parts["train"]) + len(parts["eval"]) == 575
+    assert all(r["problem"] != "7 * 3 + 5" for part in parts.values() for r in part)
+
+
 def test_a_prompt_is_the_configured_chat(cfg):
     row = split(cfg.task)["train"][0]
     t = cfg.task
-    assert row["prompt"] == [
-        {"role": "system", "content": t.system_prompt},
+    assert t.system_prompt == "" and row["prompt"] == [  # no system turn: the model's template adds its own
         {"role": "user", "content": t.one_shot[0]},
         {"role": "assistant", "content": t.one_shot[1]},
         {"role": "user", "content": t.prompt_template.replace("{problem}", row["problem"])},
     ]
-    bare = dataclasses.replace(t, one_shot=(), system_prompt="")
     user = t.prompt_template.replace("{problem}", "2 + 2")
-    assert arithmetic.messages(bare, "2 + 2") == [{"role": "user", "content": user}]
+    assert arithmetic.messages(dataclasses.replace(t, one_shot=()), "2 + 2") == [{"role": "user", "content": user}]
+    system = arithmetic.messages(dataclasses.replace(t, system_prompt="Be brief."), "2 + 2")[0]
+    assert system == {"role": "system", "content": "Be brief."}
 
 
 def test_the_reward_is_the_kits_math_reward(cfg):
@@ -99,6 +106,6 @@ def test_bad_task_fields_are_refused_naming_the_field(override, message):
 
 
 def test_the_task_fields_are_part_of_the_run_identity(cfg):
-    for override in ("task.prompt_template='Compute {problem}.'", "task.one_shot=[]", "task.system_prompt=''",
-                     "task.families=[mul_add,add_3x1d]", "task.n_train=500"):  # fmt: skip
+    for override in ("task.prompt_template='Compute {problem}.'", "task.one_shot=[]", "task.system_prompt='Be brief.'",
+                     "task.families=[mul_add,add_3x1d]", "task.n_train=400"):  # fmt: skip
         assert load_config(PRESET, [override]).run_hash() != cfg.run_hash(), override

@@ -12,22 +12,22 @@ Small sizes (a 10-step warm start, 8 x 4 rollouts) keep the file near a minute o
 
 import gzip
 import json
-import os
 
 import pytest
 import torch
+from conftest import run_environment
 
 import experiments.tiny.batched as batched
 import experiments.tiny.train as single
 from experiments.config import ConfigError, load_config
+from experiments.models.tiny import build_model, generate, logprobs
 from experiments.run import main as run_main
 from experiments.run import run_batch
 from experiments.rundir import REPO_ROOT, RunDir, RunExistsError, read_jsonl
+from experiments.sft import warm_start
+from experiments.tasks.countdown import get_task
 from experiments.tiny.batched import batch_key, batch_rl_step, check_batch, parse_seeds, seed_run_id, train_batch
 from experiments.tiny.batched_model import BatchedAdamW, BatchedGPT2
-from experiments.tiny.model import build_model, generate, logprobs
-from experiments.tiny.sft import warm_start
-from experiments.tiny.task import get_task
 from nsr.seeds import generator
 
 pytestmark = [  # make test-fast skips it (runs)
@@ -59,15 +59,8 @@ MEMBERS = [  # eight runs that differ in everything a batch lets them differ in
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    saved = {k: os.environ.get(k) for k in ("NSR_CACHE_DIR", "NSR_THREADS", "NSR_WARM_STARTS")}
-    threads = torch.get_num_threads()
-    os.environ["NSR_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "batched-cache")
-    os.environ["NSR_WARM_STARTS"] = ""
-    os.environ["NSR_THREADS"] = "1"
-    yield
-    for k, v in saved.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    torch.set_num_threads(threads)
+    with run_environment(tmp_path_factory, "batched-cache", NSR_WARM_STARTS="", NSR_THREADS="1"):
+        yield
 
 
 def config(extra=(), steps=None):

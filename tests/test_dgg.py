@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from experiments.config import ConfigError, load_config
+from experiments.models.tiny import build_model, lm_head_grad_norm
 from experiments.run import run
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
+from experiments.tasks.countdown import get_task
 from experiments.tiny import train as tiny_train
-from experiments.tiny.model import build_model, lm_head_grad_norm
-from experiments.tiny.task import get_task
 from nsr.gating import GradientGate
 from nsr.seeds import generator
 

@@ -8,11 +8,9 @@ is recomputed from their stored config (folder names keep the suffix they were m
 import dataclasses
 import gzip
 import json
-import os
 import typing
 
 import pytest
-import torch
 import yaml
 
 from experiments.config import IDENTITY, NEUTRAL, RunConfig, from_dict, load_config, project, scheme1_hash
@@ -100,18 +98,6 @@ def other_value(key: str, tp, value):
     raise AssertionError(f"no other value for {key}: {tp}")
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    saved = {k: os.environ.get(k) for k in ("NSR_CACHE_DIR", "NSR_THREADS")}
-    threads = torch.get_num_threads()
-    os.environ["NSR_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "nsr-cache")
-    os.environ.setdefault("NSR_THREADS", "1")
-    yield
-    for k, v in saved.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    torch.set_num_threads(threads)
-
-
 def outputs(rd: RunDir) -> dict[str, bytes]:
     """Every output file of a finished tiny run, metrics without the one nondeterministic field (wall_s)."""
     rows = [json.loads(line) for line in rd.metrics_path.read_text().splitlines()]
@@ -130,7 +116,7 @@ def run_tiny(cfg, folder) -> RunDir:
 
 
 @pytest.fixture(scope="module")
-def base_run(env, tmp_path_factory):
+def base_run(run_env, tmp_path_factory):
     """The short nsr run, trained through a recorder: (config, its outputs, the fields read)."""
     cfg = load_config(SMOKE, SHORT)
     log: set[str] = set()

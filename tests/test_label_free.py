@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from experiments.config import ConfigError, load_config
+from experiments.models.tiny import build_model, logprobs, response_mask
 from experiments.rundir import REPO_ROOT
+from experiments.tasks.countdown import EOS, VOCAB_SIZE, encode, get_task
 from experiments.tiny import train as tiny_train
-from experiments.tiny.model import build_model, logprobs, response_mask
 from experiments.tiny.rewards import cluster_vote, group_normalized, self_certainty, train_rewards
-from experiments.tiny.task import EOS, VOCAB_SIZE, encode, get_task
 from nsr.seeds import generator
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)

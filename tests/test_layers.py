@@ -8,9 +8,19 @@ included (a late import is still a dependency): no file imports against the tabl
     notebooks/    imports analysis/ (and what analysis may import)
     sweeps/       sweep and preset files only (no code)
 
-The table may lose arrows, never gain one. Imports under ``if TYPE_CHECKING:`` are for annotations only and do not
-run, so they are not counted. ``from package import name`` counts as an import of ``package/name.py`` when that file
-exists, else of the package's ``__init__.py``.
+The table may lose arrows, never gain one. Inside experiments/ three kinds of module (docs/design.md, "Backends"):
+
+    a backend     experiments/<name>/ for each name registered in experiments/backends.py: imports shared modules
+                  (and its own folder), never another backend and never a module above the backends
+    above         the modules that drive the backends (:data:`ABOVE`: the registry, the CLI, the benchmarks and the
+                  mechanism probe): import anything in experiments/
+    shared        every other module (schema, run folders, sweeps, tasks/, models/, sft, evaluation/, rewards/):
+                  imports shared modules only
+
+Imports under ``if TYPE_CHECKING:`` count like any other: an annotation-only import still ties two files (a circle
+through one is a circle). ``from package import name`` counts as an import of ``package/name.py`` when that file
+exists, else of the package's ``__init__.py``. The package's own ``__init__.py`` (``experiments``) is above: it loads
+the registry so every RunConfig knows its backend.
 """
 
 from __future__ import annotations
@@ -19,6 +29,8 @@ import ast
 from pathlib import Path
 
 import pytest
+
+from experiments.backends import BACKENDS as REGISTERED
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nsr", "experiments", "slurm", "analysis", "notebooks", "sweeps")
@@ -33,39 +45,24 @@ ALLOWED = {
 """Layer -> the layers of this repo its files may import (third-party packages are not constrained here)."""
 
 
-def _files() -> dict[str, Path]:
-    """Module name -> file, for every .py of the repo's layers."""
+def _files(root: Path = ROOT) -> dict[str, Path]:
+    """Module name -> file, for every .py of the repo's layers under ``root``."""
     out = {}
     for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+        for path in sorted((root / pkg).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             out[name] = path
     return out
 
 
-FILES = _files()
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
-    )
-
-
-def _imports(path: Path, module: str) -> set[str]:
-    """The repo modules ``path`` imports, anywhere in the file (module-level, function-local, conditional)."""
+def _imports(path: Path, module: str, files: dict[str, Path]) -> set[str]:
+    """The repo modules ``path`` imports, anywhere in the file (module-level, function-local, conditional, under
+    ``TYPE_CHECKING``)."""
     tree = ast.parse(path.read_text())
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
     found: set[str] = set()
     is_pkg = path.name == "__init__.py"
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -76,17 +73,66 @@ def _imports(path: Path, module: str) -> set[str]:
                 base = ".".join([*pkg, base] if base else pkg)
             for a in node.names:
                 sub = f"{base}.{a.name}"
-                found.add(sub if sub in FILES else base)
+                found.add(sub if sub in files else base)
     out = set()
     for name in found:
-        while name and name not in FILES:  # `import a.b.c` of a module file: its longest known prefix
+        while name and name not in files:  # `import a.b.c` of a module file: its longest known prefix
             name = name.rpartition(".")[0]
         if name and name.split(".")[0] in PACKAGES:
             out.add(name)
     return out - {module}
 
 
-GRAPH = {m: _imports(p, m) for m, p in FILES.items()}
+def scan(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the repo modules it imports, for every module under ``root``."""
+    files = _files(root)
+    return {m: _imports(p, m, files) for m, p in files.items()}
+
+
+FILES = _files()
+GRAPH = scan()
+BACKENDS = tuple(REGISTERED)
+"""The registered backends; each is the folder experiments/<name>/."""
+ABOVE = frozenset(
+    {
+        "experiments",
+        "experiments.backends",
+        "experiments.run",
+        "experiments.mechanism",
+        "experiments.bench_batch",
+        "experiments.bench_gpu",
+        "experiments.bench_loss",
+    }
+)
+"""Modules of experiments/ above the backends (they drive them); every other non-backend module is shared."""
+
+
+def kind(module: str, backends=BACKENDS, above=ABOVE) -> str | None:
+    """'backend:<name>', 'above' or 'shared' for a module of experiments/; None outside experiments/."""
+    parts = module.split(".")
+    if parts[0] != "experiments":
+        return None
+    if module in above:
+        return "above"
+    if len(parts) > 1 and parts[1] in backends:
+        return f"backend:{parts[1]}"
+    return "shared"
+
+
+def inside_violations(graph: dict[str, set[str]], backends=BACKENDS, above=ABOVE) -> list[str]:
+    """Imports inside experiments/ against its kinds: a shared module importing a backend or a module above, a
+    backend importing another backend or a module above."""
+    bad = []
+    for m, deps in graph.items():
+        km = kind(m, backends, above)
+        if km is None or km == "above":
+            continue
+        for d in deps:
+            kd = kind(d, backends, above)
+            if kd is None or kd == "shared" or kd == km:
+                continue
+            bad.append(f"{m} ({km}) imports {d} ({kd})")
+    return sorted(bad)
 
 
 def test_the_scan_sees_late_imports_and_resolves_names():
@@ -94,6 +140,9 @@ def test_the_scan_sees_late_imports_and_resolves_names():
     assert "experiments.config" in GRAPH["experiments.run"]
     assert "nsr.objectives" in GRAPH["nsr"] and "nsr.theory" in GRAPH["nsr.objectives"]
     assert len(FILES) > 60 and sum(map(len, GRAPH.values())) > 150
+    assert "experiments.config" in GRAPH["experiments.models.tiny"]  # an import under TYPE_CHECKING counts
+    assert set(BACKENDS) == {"tiny", "openrlhf", "trl"} and all((ROOT / "experiments" / b).is_dir() for b in BACKENDS)
+    assert ABOVE <= set(GRAPH)  # every module named above exists
     probe = ast.parse("def f():\n    from analysis.stats import interval\n")
     assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(probe))
 
@@ -158,3 +207,77 @@ def test_cycle_finder_finds_a_circle():
 
 def test_no_circle_of_files():
     assert cycles(GRAPH) == []
+
+
+def test_inside_experiments_no_shared_module_imports_a_backend():
+    assert inside_violations(GRAPH) == [], "imports against the kinds of experiments/:\n" + "\n".join(
+        inside_violations(GRAPH)
+    )
+    shared = [m for m in GRAPH if kind(m) == "shared"]
+    assert {"experiments.config", "experiments.sft", "experiments.tasks.countdown", "experiments.models.qwen2"} <= set(
+        shared
+    )
+
+
+def _made_up(tmp_path: Path, sources: dict[str, str]) -> dict[str, set[str]]:
+    for rel, text in sources.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return scan(tmp_path)
+
+
+TC = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    {}\n"
+
+
+def test_a_shared_module_importing_a_backend_under_type_checking_is_caught(tmp_path):
+    """A made-up tree: experiments/config.py (shared) imports experiments/tiny/model.py (a backend) for an annotation
+    only; the scan sees the import and the rule names it. Its twin without the import passes."""
+    graph = _made_up(
+        tmp_path,
+        {
+            "experiments/__init__.py": "",
+            "experiments/config.py": TC.format("from experiments.tiny.model import Model"),
+            "experiments/tiny/__init__.py": "",
+            "experiments/tiny/model.py": "import experiments.config\n",
+            "experiments/tasks/__init__.py": "",
+            "experiments/tasks/countdown.py": "from experiments import config\n",
+        },
+    )
+    assert graph["experiments.config"] == {"experiments.tiny.model"}
+    assert inside_violations(graph, backends=("tiny",), above=frozenset()) == [
+        "experiments.config (shared) imports experiments.tiny.model (backend:tiny)"
+    ]
+    assert cycles(graph) == [["experiments.config", "experiments.tiny.model"]]
+    (tmp_path / "experiments/config.py").write_text("")
+    assert inside_violations(scan(tmp_path), backends=("tiny",), above=frozenset()) == []
+
+
+def test_a_backend_importing_another_backend_is_caught(tmp_path):
+    graph = _made_up(
+        tmp_path,
+        {
+            "experiments/__init__.py": "",
+            "experiments/trl/__init__.py": "",
+            "experiments/trl/train.py": "def f():\n    from experiments.tiny.sft import warm_start\n",
+            "experiments/tiny/__init__.py": "",
+            "experiments/tiny/sft.py": "",
+        },
+    )
+    assert inside_violations(graph, backends=("tiny", "trl"), above=frozenset()) == [
+        "experiments.trl.train (backend:trl) imports experiments.tiny.sft (backend:tiny)"
+    ]
+
+
+def test_a_circle_made_only_of_type_checking_imports_is_a_circle(tmp_path):
+    graph = _made_up(
+        tmp_path,
+        {
+            "nsr/__init__.py": "",
+            "nsr/a.py": TC.format("from nsr.b import B"),
+            "nsr/b.py": TC.format("import nsr.c"),
+            "nsr/c.py": TC.format("from nsr import a"),
+        },
+    )
+    assert graph["nsr.a"] == {"nsr.b"} and graph["nsr.b"] == {"nsr.c"} and graph["nsr.c"] == {"nsr.a"}
+    assert cycles(graph) == [["nsr.a", "nsr.b", "nsr.c"]]

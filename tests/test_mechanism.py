@@ -12,9 +12,9 @@ import torch
 from analysis import mechanism as A
 from experiments import mechanism as M
 from experiments.config import load_config
-from experiments.tiny.model import build_model, generate
-from experiments.tiny.sft import warm_start
-from experiments.tiny.task import get_task
+from experiments.models.tiny import build_model, generate
+from experiments.sft import warm_start
+from experiments.tasks.countdown import get_task
 from experiments.tiny.train import rl_step
 from nsr.seeds import generator
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from experiments.config import ConfigError, load_config
+from experiments.evaluation.math import checkpoints, eval_rows, gpu_groups, load_benchmark
 from experiments.openrlhf import data
 from experiments.openrlhf.backend import check_data, prune_checkpoints, repair_checkpoints, resume_step
-from experiments.openrlhf.evaluate import checkpoints, eval_rows, gpu_groups, load_benchmark
 from experiments.openrlhf.plan import plan_run
 from experiments.rundir import RunDir, read_jsonl
 
@@ -196,8 +196,8 @@ def test_a_run_that_stops_before_train_steps_is_not_done(tmp_path, monkeypatch):
 def test_a_requeued_run_whose_training_ended_goes_straight_to_evaluation(tmp_path, monkeypatch):
     backend, cfg, rd, launched = _small_run(tmp_path, monkeypatch, steps_logged=2)
     backend.run_openrlhf(cfg, rd)
-    assert launched.commands == ["nsr.openrlhf.launch", "experiments.openrlhf.evaluate"]
+    assert launched.commands == ["nsr.openrlhf.launch", "experiments.evaluation.math"]
     assert not (rd.path / "ckpt").exists()  # keep_checkpoint false: everything deleted after evaluation
     backend.run_openrlhf(cfg, rd)  # requeued after its checkpoints were deleted, before it was marked done
-    assert launched.commands[2:] == ["experiments.openrlhf.evaluate"]  # no second training
+    assert launched.commands[2:] == ["experiments.evaluation.math"]  # no second training
     assert [r["step"] for r in read_jsonl(rd.metrics_path)] == [1, 2]

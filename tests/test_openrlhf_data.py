@@ -9,7 +9,7 @@ import pytest
 
 from experiments.openrlhf import data
 from experiments.openrlhf.plan import count_rows
-from experiments.openrlhf.reward import score
+from experiments.rewards.math import score
 from nsr.openrlhf.reference import openrlhf_root
 
 SRC = Path(__file__).parent / "fixtures" / "openrlhf" / "sources"

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from experiments.config import ConfigError, load_config
-from experiments.models import smollm2
-from experiments.openrlhf import evaluate, toy
+from experiments.evaluation import math as evaluate
+from experiments.models import qwen2, smollm2
+from experiments.openrlhf import toy
 from experiments.openrlhf.argv import CPU_SETTINGS, build_command
 from nsr.openrlhf.launch import CPU_ENV
 
@@ -41,8 +42,8 @@ def test_only_the_cpu_presets_switch_the_shim_on(tmp_path):
         assert cfg.openrlhf.cpu == cpu, name
         assert cmd.env == ({CPU_ENV: "1"} if cpu else {}), name
         model = cmd.openrlhf_argv[cmd.openrlhf_argv.index("--actor.model_name_or_path") + 1]
-        if toy.is_toy_model(cfg):
-            assert model == str(toy.model_dir(cfg)), name
+        if qwen2.is_toy_model(cfg):
+            assert model == str(qwen2.model_dir(cfg)), name
         elif cfg.model.name == smollm2.NAME:  # the prepared folder, named without converting anything
             assert model == str(smollm2.folder_for()) and model.endswith(smollm2.GGUF_SHA256[:16] + "-v1"), name
         else:
@@ -195,7 +196,7 @@ def test_evaluator_uses_one_eager_engine_without_a_gpu(monkeypatch):
     assert kw["enforce_eager"] and kw["distributed_executor_backend"] == "uni" and kw["max_model_len"] == 88
     assert not kw["enable_chunked_prefill"]
     assert "enforce_eager" not in evaluate.engine_kwargs(cfg, 1, cpu=False)  # GPUs: unchanged (compiled engines)
-    assert evaluate.checkpoints(ROOT / "nonexistent", cfg) == {0: str(toy.model_dir(cfg))}
+    assert evaluate.checkpoints(ROOT / "nonexistent", cfg) == {0: str(qwen2.model_dir(cfg))}
 
 
 def test_shim_test_switches_are_checked(monkeypatch):

@@ -1,4 +1,4 @@
-"""The math reward file (experiments/openrlhf/reward.py), loaded by path exactly as OpenRLHF's agent loads it, on the
+"""The math reward file (experiments/rewards/math.py), loaded by path exactly as OpenRLHF's agent loads it, on the
 fixture cases (boxed answers, fractions, equivalent forms, wrong, empty, garbage), in the main thread and in the
 worker thread OpenRLHF calls it from."""
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from test_tiny import SMOKE, tiny_env  # noqa: F401  (the module fixture: warm-start cache, one thread)
+from test_tiny import SMOKE
 
 from experiments.run import main
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
@@ -45,7 +45,7 @@ def test_missing_config_file(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_done_run_is_not_overwritten_without_force(tiny_env, tmp_path, capsys):  # noqa: F811
+def test_done_run_is_not_overwritten_without_force(run_env, tmp_path, capsys):
     out = tmp_path / "run"
     args = [str(SMOKE), *SHORT, "--out", str(out), "--no-progress"]
     assert main(args) == 0
@@ -65,7 +65,7 @@ def test_done_run_is_not_overwritten_without_force(tiny_env, tmp_path, capsys): 
 
 
 @pytest.mark.slow
-def test_sigterm_records_cancelled_and_the_run_resumes(tiny_env, tmp_path, capsys):  # noqa: F811
+def test_sigterm_records_cancelled_and_the_run_resumes(run_env, tmp_path, capsys):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "experiments.run", str(SMOKE), "logging.checkpoint_every=4", "eval.every=0"]
     proc = subprocess.Popen([*cmd, "--out", str(out), "--no-progress"], cwd=REPO_ROOT, stderr=subprocess.PIPE)

@@ -18,11 +18,11 @@ import torch
 import yaml
 
 from experiments.config import load_config
+from experiments.models.tiny import build_model, generate, logprobs, response_mask
 from experiments.run import run
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
-from experiments.tiny.model import build_model, generate, logprobs, response_mask
-from experiments.tiny.sft import warm_start
-from experiments.tiny.task import EOS, get_task
+from experiments.sft import warm_start
+from experiments.tasks.countdown import EOS, get_task
 from experiments.tiny.train import train
 from nsr.seeds import generator
 
@@ -35,27 +35,6 @@ METRIC_FIELDS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tiny_env(tmp_path_factory):
-    """A warm-start cache shared by the session's tiny runs, and NSR_THREADS=1 unless set.
-
-    One thread: on a shared 2-core box, two OpenMP threads stall when other jobs run (docs/testbed.md).
-    torch's thread count and the environment are restored afterwards.
-    """
-    path = tmp_path_factory.getbasetemp() / "nsr-cache"
-    saved = {k: os.environ.get(k) for k in ("NSR_CACHE_DIR", "NSR_THREADS")}
-    threads = torch.get_num_threads()
-    os.environ["NSR_CACHE_DIR"] = str(path)
-    os.environ.setdefault("NSR_THREADS", "1")
-    yield path
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    torch.set_num_threads(threads)
-
-
 def _run(tmp_path_factory, name, overrides=()):
     out = tmp_path_factory.mktemp(name) / "run"
     run(load_config(SMOKE, list(overrides)), out, progress=False)
@@ -63,7 +42,7 @@ def _run(tmp_path_factory, name, overrides=()):
 
 
 @pytest.fixture(scope="module")
-def nsr_run(tiny_env, tmp_path_factory):
+def nsr_run(run_env, tmp_path_factory):
     return _run(tmp_path_factory, "nsr", ["loss.rule=nsr"])
 
 
@@ -119,7 +98,7 @@ def test_same_seed_gives_identical_rows_except_wall_time(nsr_run, tmp_path_facto
 
 
 @pytest.fixture(scope="module")
-def hard_run(tiny_env, tmp_path_factory):
+def hard_run(run_env, tmp_path_factory):
     return _run(tmp_path_factory, "hard", ["loss.rule=hard"])
 
 
@@ -212,7 +191,7 @@ def test_resume_after_eval_was_compressed(nsr_run, tmp_path_factory):
         (["task.name=countdown4", "sft.steps=10", "rollout.max_new_tokens=10"], None),
     ],
 )
-def test_other_paths_run(tiny_env, tmp_path_factory, overrides, extra_key):
+def test_other_paths_run(run_env, tmp_path_factory, overrides, extra_key):
     rd = _run(tmp_path_factory, "paths", [*overrides, "train.steps=2", "eval.every=0", "eval.n_prompts=8"])
     rows = read_jsonl(rd.metrics_path)
     assert len(rows) == 2 and rd.state() == "done"
@@ -251,7 +230,7 @@ def test_generation_is_seeded_and_greedy_is_deterministic(nsr_run):
 def test_warm_start_is_built_once_by_concurrent_jobs(tmp_path):
     """Two processes that need the same (missing) warm start: one builds it under the lock, the other waits."""
     env = {**os.environ, "NSR_CACHE_DIR": str(tmp_path), "NSR_THREADS": "1"}
-    cmd = [sys.executable, "-m", "experiments.tiny.sft", str(SMOKE), "sft.steps=20", "sft.seed=7"]
+    cmd = [sys.executable, "-m", "experiments.sft", str(SMOKE), "sft.steps=20", "sft.seed=7"]
     procs = [subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     infos = [json.loads(p.communicate(timeout=240)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
@@ -262,8 +241,8 @@ def test_warm_start_is_built_once_by_concurrent_jobs(tmp_path):
 
 
 def test_warm_start_eval_is_the_step0_eval_of_a_run(hard_run):
-    """`python -m experiments.tiny.sft CONFIG --eval` prints the held-out accuracy an RL run logs at step 0."""
-    from experiments.tiny.sft import main
+    """`python -m experiments.sft CONFIG --eval` prints the held-out accuracy an RL run logs at step 0."""
+    from experiments.sft import main
 
     cfg_path = Path(hard_run.path) / "config.yaml"
     out = io.StringIO()
@@ -288,7 +267,7 @@ def test_demo_figure_from_two_runs(nsr_run, hard_run, tmp_path):
     assert _eval_curves(rows, k=1) == ([0], [1 / 8], [1 / 8], 1)
 
 
-def test_samples_cli_reads_a_kept_checkpoint(tiny_env, tmp_path_factory, nsr_run, capsys):
+def test_samples_cli_reads_a_kept_checkpoint(run_env, tmp_path_factory, nsr_run, capsys):
     """``python -m experiments.tiny.samples``: outcome shares of a kept checkpoint, seeded; a folder without one is
     refused with the override that keeps it."""
     from experiments.tiny import samples

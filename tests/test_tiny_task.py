@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from experiments.tiny.model import response_mask
-from experiments.tiny.task import EOS, TASKS, countdown_value, decode, encode, get_task
+from experiments.models.tiny import response_mask
+from experiments.tasks.countdown import EOS, TASKS, countdown_value, decode, encode, get_task
 
 
 def _pid(task, prompt: str) -> int:

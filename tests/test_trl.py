@@ -4,8 +4,6 @@ so clipping fires, checkpoints) with nsr.trl.NSRGRPOTrainer on the tiny Qwen2 / 
 Time: one warm start (150 SFT steps, ~25 s on a busy 2-core box) shared by the module, then runs of 1-4 RL steps
 (~1 s each after TRL's start-up)."""
 
-import os
-
 import pytest
 import torch
 
@@ -34,32 +32,19 @@ METRIC_FIELDS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def trl_env(tmp_path_factory):
-    """A warm-start cache shared by the module's runs and NSR_THREADS=1 (restored afterwards)."""
-    saved = {k: os.environ.get(k) for k in ("NSR_CACHE_DIR", "NSR_THREADS")}
-    threads = torch.get_num_threads()
-    os.environ["NSR_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "nsr-cache")
-    os.environ.setdefault("NSR_THREADS", "1")
-    yield
-    for k, v in saved.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    torch.set_num_threads(threads)
-
-
 def config(*overrides):
     return load_config(PRESET, [*SMALL, *overrides])
 
 
 @pytest.fixture(scope="module")
-def nsr_run(trl_env, tmp_path_factory):
+def nsr_run(run_env, tmp_path_factory):
     out = tmp_path_factory.mktemp("nsr") / "run"
     run(config("loss.rule=nsr"), out, progress=False)
     return RunDir(out)
 
 
 @pytest.fixture(scope="module")
-def hard_run(trl_env, tmp_path_factory):
+def hard_run(run_env, tmp_path_factory):
     out = tmp_path_factory.mktemp("hard") / "run"
     run(config("loss.rule=hard"), out, progress=False)
     return RunDir(out)
@@ -113,7 +98,7 @@ def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
 
 
 @pytest.mark.parametrize("agg, loss_type", [("token-mean", "dapo"), ("seq-mean-token-mean", "grpo")])
-def test_hard_equals_trls_own_loss(trl_env, tmp_path, agg, loss_type):
+def test_hard_equals_trls_own_loss(run_env, tmp_path, agg, loss_type):
     """After one RL step, on each buffered minibatch (old log-probs from before the updates, so ratios are off 1):
     rule hard through NSRGRPOTrainer gives TRL's own loss (loss_type dapo / grpo, epsilon / epsilon_high) and
     gradient."""
@@ -138,7 +123,7 @@ def test_hard_equals_trls_own_loss(trl_env, tmp_path, agg, loss_type):
     assert clipped > 0
 
 
-def test_advantages_are_nsrs(trl_env, tmp_path):
+def test_advantages_are_nsrs(run_env, tmp_path):
     """positive_only replaces TRL's advantage: zero for below-mean responses, (R - mean) / (std + 1e-9) above."""
     cfg = config("loss.rule=nsr", "train.steps=1", "advantages.kind=positive_only", "eval.n_prompts=0")
     trainer, _ = build_trainer(cfg, RunDir(tmp_path))
@@ -151,7 +136,7 @@ def test_advantages_are_nsrs(trl_env, tmp_path):
     torch.testing.assert_close(adv.sort().values, want.sort().values)  # TRL shuffles the batch before splitting
 
 
-def test_bad_settings_fail_before_work(trl_env, tmp_path):
+def test_bad_settings_fail_before_work(run_env, tmp_path):
     with pytest.raises(ConfigError, match=r"model\.name='tiny-gpt2' is not valid; allowed: tiny-qwen2"):
         config("model.name=tiny-gpt2")
     with pytest.raises(ConfigError, match=r"trl\.micro_batch_size=7 is not valid"):
@@ -166,14 +151,14 @@ def test_bad_settings_fail_before_work(trl_env, tmp_path):
         NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig())
 
 
-def test_math_path_with_a_local_hf_model(trl_env, tmp_path):
+def test_math_path_with_a_local_hf_model(run_env, tmp_path):
     """The 1-GPU preset's path on CPU: a HF model from a local folder (the tiny Qwen2 saved by save_pretrained),
     prompt and benchmark JSONL files as experiments.openrlhf.data writes them, the math-verify reward, and
     eval.jsonl rows per benchmark problem and sample."""
     import json
 
     from experiments.config import ModelConfig
-    from experiments.trl.model import char_tokenizer, tiny_qwen2
+    from experiments.models.qwen2 import char_tokenizer, tiny_qwen2
 
     model = tiny_qwen2(ModelConfig(name="tiny-qwen2"), torch.Generator().manual_seed(0))
     model.save_pretrained(tmp_path / "model")

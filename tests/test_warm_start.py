@@ -10,7 +10,7 @@ import torch
 from experiments.config import load_config
 from experiments.run import run
 from experiments.rundir import REPO_ROOT, RunDir
-from experiments.tiny.sft import sft_key, sft_path, warm_start, weights_sha256
+from experiments.sft import sft_key, sft_path, warm_start, weights_sha256
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
 

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.config import ConfigError, RunConfig
+from experiments.models.qwen2 import model_path
 from experiments.openrlhf.plan import ARITHMETIC, CKPT_MAX_NUM, rows_needed, train_data_path
-from experiments.openrlhf.toy import model_path
 from nsr.openrlhf.launch import CPU_ENV
 from nsr.openrlhf.mapping import ESTIMATOR, LOSS_TYPE, check_random_reward
 from nsr.openrlhf.settings import NSRSettings
 
 LAUNCHER = "nsr.openrlhf.launch"
-REWARD_FILE = Path(__file__).resolve().with_name("reward.py")
+REWARD_FILE = Path(__file__).resolve().parents[1] / "rewards" / "math.py"
 INPUT_KEY, LABEL_KEY = "prompt", "label"  # the keys experiments.openrlhf.data writes
 CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 CPU_SETTINGS = {

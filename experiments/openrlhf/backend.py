@@ -33,11 +33,11 @@ from pathlib import Path
 import yaml
 
 from experiments.config import ConfigError, RunConfig
+from experiments.evaluation.math import STEP_DIR, benchmark_file, eval_steps
+from experiments.models.qwen2 import is_toy_model, model_path
 from experiments.openrlhf.argv import build_command
-from experiments.openrlhf.evaluate import STEP_DIR
 from experiments.openrlhf.metrics import rows_from_tensorboard
-from experiments.openrlhf.plan import ARITHMETIC, FILTER_HEADROOM, count_rows, eval_steps, rows_needed, train_data_path
-from experiments.openrlhf.toy import is_toy_model, model_path
+from experiments.openrlhf.plan import ARITHMETIC, FILTER_HEADROOM, count_rows, rows_needed, train_data_path
 from experiments.openrlhf.toy import prepare as prepare_cpu_model
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 
@@ -102,7 +102,7 @@ def write_task_data(cfg: RunConfig) -> dict[str, Path]:
         train = read_rows(files["train"])
         write_jsonl(path, repeat_shuffled(train, -(-need // len(train)), seed=0))
         written["train"] = path
-    bench = path.parent / f"{ARITHMETIC}.jsonl"
+    bench = benchmark_file(cfg, ARITHMETIC)  # where the evaluator reads it
     if ARITHMETIC in cfg.task.eval_benchmarks and not bench.is_file():
         write_jsonl(bench, read_rows(files["eval"]))
         written[ARITHMETIC] = bench
@@ -222,7 +222,7 @@ def run_openrlhf(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
                 f"plan.FILTER_HEADROOM, make more rows (python -m experiments.openrlhf.data) and run it again"
             )
     prune_checkpoints(rd, cfg)
-    _run_logged([sys.executable, "-m", "experiments.openrlhf.evaluate", str(rd.path)], rd.path / "evaluate.log")
+    _run_logged([sys.executable, "-m", "experiments.evaluation.math", str(rd.path)], rd.path / "evaluate.log")
     rd.compress_eval()
     if not cfg.logging.keep_checkpoint:
         shutil.rmtree(rd.path / "ckpt", ignore_errors=True)

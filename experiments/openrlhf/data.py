@@ -11,7 +11,7 @@ until it has ``--rows`` rows (default: the most any cluster preset may draw, pla
 prompts dynamic filtering replaces). OpenRLHF keeps the first ``--data.max_samples`` rows and shuffles them as one
 pool, so a problem may come back before every other problem has been seen; over a run each is drawn about equally.
 DAPO-Math-17k ships every problem wrapped in its "Answer:" instruction, 100 times over; the problem is cut out
-and re-wrapped with the boxed instruction the reward (experiments/openrlhf/reward.py) checks.
+and re-wrapped with the boxed instruction the reward (experiments/rewards/math.py) checks.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from experiments.config import RunConfig
+from experiments.evaluation.math import eval_steps
 from experiments.rundir import REPO_ROOT
 
 ARITHMETIC = "arithmetic"
@@ -109,12 +110,6 @@ def train_data_path(cfg: RunConfig) -> Path:
         return data_dir(cfg.task) / f"openrlhf-train-{rows_needed(cfg)}.jsonl"
     path = Path(cfg.task.train_data)
     return path if path.is_absolute() else REPO_ROOT / path
-
-
-def eval_steps(cfg: RunConfig) -> list[int]:
-    """RL steps with an HF checkpoint for the evaluator: every ``eval.every`` and the last (0 is the base model)."""
-    every = cfg.eval.every or cfg.train.steps
-    return sorted({*range(every, cfg.train.steps + 1, every), cfg.train.steps})
 
 
 def site_time_limit_h(preset: str | None, site: str | Path | None = None) -> float | None:

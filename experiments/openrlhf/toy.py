@@ -10,18 +10,18 @@ groups are mixed and have nonzero advantages, and RL has room to improve. A rand
 and every update would be zero.
 
 The toy task: ``What is a + b? Put the answer in \\boxed{}.`` for single digits a, b (100 problems, a seeded 80 / 20
-split), with the sum as label, so the repo's math reward (experiments/openrlhf/reward.py) scores it. The training
+split), with the sum as label, so the repo's math reward (experiments/rewards/math.py) scores it. The training
 file holds whole seeded passes over the 80 training problems (as experiments/openrlhf/data.py writes DAPO), the
 benchmark ``toy-math-eval`` the 20 held-out ones.
 
-For a toy model (:func:`is_toy_model`) the backend builds the model and data (:func:`prepare`) and the argv builder
-passes the built folder as ``--actor.model_name_or_path`` (:func:`model_path`). What switches a run onto the CPU path
-is the preset's ``openrlhf.cpu: true``, not the model (docs/cluster.md, "What is proven on CPU end to end").
+For the toy model (experiments.models.qwen2.is_toy_model) the backend builds the model and data (:func:`prepare`)
+and the argv builder passes the built folder as ``--actor.model_name_or_path`` (experiments.models.qwen2.model_path).
+What switches a run onto the CPU path is the preset's ``openrlhf.cpu: true``, not the model (docs/cluster.md, "What is
+proven on CPU end to end").
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -29,14 +29,15 @@ import shutil
 from pathlib import Path
 
 from experiments.config import RunConfig
+from experiments.models.qwen2 import (
+    BUILD_VERSION,
+    model_dir,
+    toy_qwen2,
+)
 from experiments.openrlhf.data import repeat_shuffled, write_jsonl
 from experiments.openrlhf.plan import count_rows, rows_needed, train_data_path
-from experiments.rundir import REPO_ROOT, cache_dir
+from experiments.rundir import REPO_ROOT
 
-TOY_MODELS = ("cpu-tiny-qwen2",)
-"""model.name values built here."""
-BUILD_VERSION = 5
-"""Bump when the build changes the model's numbers, so a stale cached model is not reused."""
 TRAIN_NAME, EVAL_NAME = "toy-math", "toy-math-eval"
 EOS_TEXT = "<|endoftext|>"
 MAX_POSITIONS = 256
@@ -45,31 +46,6 @@ SPLIT_SEED, N_TRAIN = 0, 80
 WARM_STEPS, WARM_BATCH, WARM_LR = 400, 32, 3e-3
 """Supervised warm start: the answer format and about half the sums (sampled at temperature 1: 47% correct on 20
 training and on the 20 held-out problems; ~35 s on 2 busy cores, once)."""
-
-
-def is_toy_model(cfg: RunConfig) -> bool:
-    return cfg.model.name in TOY_MODELS
-
-
-def model_key(cfg: RunConfig) -> str:
-    """16 hex of sha256 over the build version and the model section."""
-    blob = json.dumps({"version": BUILD_VERSION, "model": cfg.to_dict()["model"]}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def model_dir(cfg: RunConfig) -> Path:
-    return cache_dir() / "openrlhf-cpu" / f"{cfg.model.name}-{model_key(cfg)}"
-
-
-def model_path(cfg: RunConfig) -> str:
-    """What OpenRLHF and the evaluator load: the built folder for a toy model, SmolLM2's prepared folder for
-    ``smollm2-135m-instruct`` (an untied copy's with ``model.untie_embeddings``), else ``model.name`` (a hub id or a
-    local folder). Pure: builds nothing (:func:`prepare` and the backend's ``prepared_folder`` do)."""
-    if is_toy_model(cfg):
-        return str(model_dir(cfg))
-    from experiments.models.smollm2 import folder_for
-
-    return str(folder_for(cfg.model.name, untie=cfg.model.untie_embeddings))
 
 
 # ---------------------------------------------------------------- the task
@@ -127,32 +103,18 @@ def rope_theta(head_dim: int) -> float:
 
 
 def build_model(cfg: RunConfig, tokenizer):
-    """The Qwen2 of ``cfg.model`` (seeded random weights), on the tokenizer's vocabulary."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
+    """The Qwen2 of ``cfg.model`` (seeded random weights; experiments/models/qwen2.py), on the tokenizer's vocabulary:
+    untied, as it always was (its numbers unchanged; the CPU weight sync re-ties tied models too:
+    nsr/openrlhf/cpu_shim.py)."""
     m = cfg.model
-    eos = tokenizer.eos_token_id
-    config = Qwen2Config(
+    return toy_qwen2(
+        m,
         vocab_size=len(tokenizer),
-        hidden_size=m.d_model,
-        intermediate_size=4 * m.d_model,
-        num_hidden_layers=m.n_layer,
-        num_attention_heads=m.n_head,
-        num_key_value_heads=max(1, m.n_head // 2),
-        max_position_embeddings=MAX_POSITIONS,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta(m.d_model // m.n_head)},
-        tie_word_embeddings=False,  # untied as it always was (its numbers unchanged); tied models are re-tied too
-        bos_token_id=eos,
-        eos_token_id=eos,
-        pad_token_id=eos,
+        max_positions=MAX_POSITIONS,
+        eos=tokenizer.eos_token_id,
+        tie=False,
+        rope_theta=rope_theta(m.d_model // m.n_head),
     )
-    with torch.random.fork_rng(devices=[]):  # transformers draws the init from torch's global generator: seed it
-        torch.manual_seed(0)  # here, and give the caller's global state back untouched
-        model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = eos
-    model.generation_config.pad_token_id = eos
-    return model
 
 
 def warm_start(model, tokenizer, train: list[dict]) -> list[float]:
@@ -218,7 +180,7 @@ def build(cfg: RunConfig) -> Path:
 
 # ---------------------------------------------------------------- data files
 def benchmark_dir(cfg: RunConfig) -> Path:
-    """Where the evaluator looks for ``<benchmark>.jsonl`` (as experiments/openrlhf/evaluate.py, from the repo root,
+    """Where the evaluator looks for ``<benchmark>.jsonl`` (as experiments/evaluation/math.py, from the repo root,
     the backend's working directory)."""
     folder = Path(cfg.task.data_dir) if cfg.task.data_dir else Path(cfg.task.train_data).parent
     return folder if folder.is_absolute() else REPO_ROOT / folder

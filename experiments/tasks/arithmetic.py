@@ -8,7 +8,7 @@ them evenly; the first ``task.n_eval`` problems are the evaluation set and the n
 
 A prompt is a chat: the system turn ``task.system_prompt`` (none if empty: the model's template then adds its own),
 a worked example as an earlier user / assistant turn (``task.one_shot``), then the problem in ``task.prompt_template``
-(``{problem}`` replaced). The answer is scored by the kit's one math reward (experiments/openrlhf/reward.py: the last
+(``{problem}`` replaced). The answer is scored by the kit's one math reward (experiments/rewards/math.py: the last
 ``\\boxed{}`` of the response, math-verify against the label). Template, one-shot turn, system prompt, families,
 sizes and :data:`GENERATOR_VERSION` (``task.generator_version``) are config fields, so they are part of a run's
 identity.
@@ -85,7 +85,7 @@ def check_task(task) -> None:
     allowed = f"a non-empty list of {', '.join(FAMILIES)}"
     check_field("task", "families", bool(task.families) and not bad and len(set(task.families)) == len(task.families),
                 allowed, list(task.families))  # fmt: skip
-    total = sum(len(FAMILIES[f]()) for f in task.families)
+    total = sum(len(FAMILIES[f]()) for f in task.families) - 1  # at most one problem is the one-shot's own
     check_range("task", "n_train", task.n_train, 1, total)
     check_range("task", "n_eval", task.n_eval, 0, total - task.n_train)
     check_field("task", "prompt_template", "{problem}" in task.prompt_template, "a text containing {problem}",
@@ -111,8 +111,11 @@ def data_dir(task) -> Path:
 
 
 def split(task) -> dict[str, list[dict]]:
-    """{"eval": first n_eval problems, "train": the next n_train}, each row with its chat prompt."""
-    rows = problems(tuple(task.families), task.generator_version)
+    """{"eval": first n_eval problems, "train": the next n_train}, each row with its chat prompt; the one-shot turn's
+    own problem is left out of both."""
+    shot = task.one_shot[0] if task.one_shot else None
+    rows = [r for r in problems(tuple(task.families), task.generator_version)
+            if task.prompt_template.replace("{problem}", r["problem"]) != shot]  # fmt: skip
     out = {"eval": rows[: task.n_eval], "train": rows[task.n_eval : task.n_eval + task.n_train]}
     for part in out.values():
         for r in part:
@@ -144,7 +147,7 @@ def read_rows(path: Path) -> list[dict]:
 
 def reward_func():
     """TRL reward function: the kit's math reward of each completion against its row's label."""
-    from experiments.openrlhf.reward import score
+    from experiments.rewards.math import score
 
     def arithmetic_correct(prompts, completions, label, **kwargs) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -168,7 +171,7 @@ def measure_spread(cfg, n_prompts: int, n_samples: int, seed: int = 0, batch: in
     import torch
 
     from experiments.models.smollm2 import load
-    from experiments.openrlhf.reward import score
+    from experiments.rewards.math import score
 
     model, tok, _ = load(cfg.model.name, untie=cfg.model.untie_embeddings)
     model.eval()
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_files(cfg.task)
     print(json.dumps({part: {"path": str(q), "rows": len(read_rows(q))} for part, q in paths.items()}, indent=1))
     if args.spread:
-        from experiments.tiny import set_threads
+        from experiments.threads import set_threads
 
         set_threads()
         result = measure_spread(cfg, *args.spread, seed=args.seed)

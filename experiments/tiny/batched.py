@@ -43,14 +43,14 @@ from tqdm import tqdm
 
 import nsr
 from experiments.config import ConfigError, RunConfig, project
+from experiments.evaluation.testbed import eval_rows, summary
+from experiments.models.tiny import response_mask
 from experiments.rundir import RunDir
-from experiments.tiny import set_threads
+from experiments.sft import record_warm_start, sft_key, warm_start
+from experiments.tasks.countdown import Task, get_task
+from experiments.threads import set_threads
 from experiments.tiny.batched_model import WTE, BatchedAdamW, BatchedGPT2, MemberView, clip_grad_norms
-from experiments.tiny.evaluate import eval_rows, summary
-from experiments.tiny.model import response_mask
 from experiments.tiny.rewards import train_rewards
-from experiments.tiny.sft import record_warm_start, sft_key, warm_start
-from experiments.tiny.task import Task, get_task
 from experiments.tiny.train import (
     RatioBins,
     checkpoint_due,
@@ -330,7 +330,7 @@ def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 def batch_evaluate(
     model: BatchedGPT2, task: Task, cfg: RunConfig, step: int, members: list[int], failures: _Failures | None = None
 ) -> dict[int, list[dict]]:
-    """experiments.tiny.evaluate.evaluate for each of ``members`` (they share the eval section): {member: rows}.
+    """experiments.evaluation.testbed.evaluate for each of ``members`` (they share the eval section): {member: rows}.
     Sampled decoding gives every member its own generator seeded by (eval.seed, step, "eval"), as a single run."""
     failures = _Failures() if failures is None else failures
     e = cfg.eval
@@ -356,7 +356,7 @@ def batch_evaluate(
             errors = _Failures()
             if decoding == "greedy":
                 comps = model.generate(params, p, max_new, greedy=True)
-            else:  # the prompts repeated n_samples times in a row (repeat_interleave), as experiments.tiny.evaluate
+            else:  # the prompts repeated n_samples times in a row (repeat_interleave) (as evaluation.testbed)
                 gens = [generator(e.seed, step, "eval", device=model.device) for _ in chunk]
                 comps = model.generate(params, p, max_new, e.temperature, gens, group=k, errors=errors)
             comps = comps.cpu()

@@ -3,7 +3,7 @@
 The batched trainer (experiments/tiny/batched.py) trains S runs in one process: every matrix product of the S
 models is one ``baddbmm`` over the run dimension, so the per-op overhead that dominates a 0.1M-parameter model on a
 CPU is paid once per batch, not once per run. The forward is transformers' GPT-2 (``GPT2LMHeadModel`` as
-experiments/tiny/model.py builds it: pre-LN, learned positions, tied embeddings, no dropout, GELU with the tanh
+experiments/models/tiny.py builds it: pre-LN, learned positions, tied embeddings, no dropout, GELU with the tanh
 approximation, LayerNorm eps 1e-5, softmax attention scaled by 1 / sqrt(head dim)) written with batched weights, and
 generation keeps its own KV cache. Member ``s`` of the batch computes what the HF model with member ``s``'s weights
 computes, up to the order in which float sums are taken (tests/test_batched.py: logits and gradients at rtol 1e-5 in
@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from experiments.config import ModelConfig
-from experiments.tiny.model import build_model, float_logits
-from experiments.tiny.task import EOS
+from experiments.models.tiny import build_model, float_logits
+from experiments.tasks.countdown import EOS
 from nsr.seeds import generator
 
 LN_EPS = 1e-5  # GPT2Config.layer_norm_epsilon
@@ -46,7 +46,7 @@ warnings.filterwarnings("ignore", message="grad and param do not obey the gradie
 
 def hf_layout(mcfg: ModelConfig) -> tuple[list[str], dict[str, torch.Size], dict[str, torch.Tensor]]:
     """(parameter names in ``named_parameters`` order, their shapes, the state dict's buffers) of the HF model that
-    experiments.tiny.model builds for ``mcfg``: the order AdamW's state dict numbers its parameters in."""
+    experiments.models.tiny builds for ``mcfg``: the order AdamW's state dict numbers its parameters in."""
     template = build_model(mcfg, generator("batched-layout"))
     names = [n for n, _ in template.named_parameters()]
     shapes = {n: p.shape for n, p in template.named_parameters()}
@@ -198,7 +198,7 @@ class BatchedGPT2:
         group: int = 1,
         errors: dict | None = None,
     ):
-        """Sample completions with the KV cache, as experiments.tiny.model.generate does for each member.
+        """Sample completions with the KV cache, as experiments.models.tiny.generate does for each member.
 
         ``prompts`` (S', U, P): each prompt stands for ``group`` consecutive sequences (a rollout's G samples of one
         prompt: ``repeat_interleave``), so the N = U x group sequences share its cache, computed once. Member ``s``
@@ -260,7 +260,7 @@ class BatchedGPT2:
         return out
 
     def logprobs(self, params, prompts, completions, temperature: float = 1.0, with_entropy: bool = False, prefix=None):
-        """Per-member experiments.tiny.model.logprobs: (S', B, T) log-probabilities of ``completions`` (S', B, T)
+        """Per-member experiments.models.tiny.logprobs: (S', B, T) log-probabilities of ``completions`` (S', B, T)
         after their prompts at ``temperature``, and the (S', B, T) entropy if ``with_entropy``.
 
         ``prompts`` (S', U, P) and ``prefix`` (S', B): sequence b continues prompt ``prefix[:, b]``; each prompt's

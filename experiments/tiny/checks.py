@@ -5,8 +5,8 @@ and the allowed values."""
 from __future__ import annotations
 
 from experiments.checks import check_field
-from experiments.tiny.model import MODELS
-from experiments.tiny.task import N_POSITIONS, TASKS
+from experiments.models.tiny import MODELS
+from experiments.tasks.countdown import TASKS, check_task_fits
 
 TINY_MAX_PARAMS = 10**8
 """tiny backend: 12 x n_layer x d_model^2 at most (weights + Adam state ~1.6 GB in float32 on a CPU)."""
@@ -41,14 +41,3 @@ def check_config(cfg) -> None:
     check_field("model", "name", cfg.model.name in MODELS, ", ".join(MODELS), cfg.model.name)
     check_field("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
     check_task_fits(cfg, TASKS[cfg.task.name])
-
-
-def check_task_fits(cfg, task) -> None:
-    """The answers and held-out split of a tiny task fit the config (tiny and trl-tiny backends share this)."""
-    new = cfg.rollout.max_new_tokens
-    allowed = f">= {task.answer_len} (a correct {task.name} answer and its EOS)"
-    check_field("rollout", "max_new_tokens", new >= task.answer_len, allowed, new)
-    allowed = f"<= {N_POSITIONS - task.prompt_len} (the tiny model's context)"
-    check_field("rollout", "max_new_tokens", task.prompt_len + new <= N_POSITIONS, allowed, new)
-    allowed = f"<= {task.n_eval} (the held-out split of {task.name})"
-    check_field("eval", "n_prompts", cfg.eval.n_prompts <= task.n_eval, allowed, cfg.eval.n_prompts)

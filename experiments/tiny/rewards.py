@@ -6,7 +6,7 @@
 * ``verifier`` (default): the task's exact verifier, 1 or 0.
 * ``vote``: answer-level cluster vote, as in test-time RL (TTRL, arXiv 2504.16084): 1 if a response's final
   answer equals its group's majority answer, else 0. On Countdown the answer is the expression's value
-  (:meth:`experiments.tiny.task.Task.answer`), so different expressions with the same value vote together. A
+  (:meth:`experiments.tasks.countdown.Task.answer`), so different expressions with the same value vote together. A
   response that states no answer (malformed, or no EOS) neither votes nor gets the reward; a tie goes to the
   answer that appears first in the group (``collections.Counter.most_common``, as TTRL's code).
 * ``certainty``: completion-level self-certainty (INTUITOR, "Learning to Reason without External Rewards", arXiv
@@ -29,7 +29,7 @@ import torch
 
 import nsr
 from experiments.config import REWARD_SOURCES
-from experiments.tiny.task import Task, decode
+from experiments.tasks.countdown import Task, decode
 
 
 def cluster_vote(answers: list, groups: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,9 @@ A reward curve says that a run went wrong, not how; this says what the policy sa
         logging.keep_checkpoint=true --out /tmp/gppo60                    # any tiny run with a kept checkpoint
     python -m experiments.tiny.samples /tmp/gppo60 [--prompts 256 --samples 4 --seed 0 --top 5]
 
-Outcomes (``experiments.tiny.task.OUTCOMES``): correct; on Countdown a wrong answer is ``wrong_value`` (the prompt's
-digits, another value) or ``wrong_digits`` (digits the prompt does not have); ``malformed`` (no answer stated);
-``no_eos``. Prompts are a seeded draw from the held-out split; samples at the run's rollout temperature from a
+Outcomes (``experiments.tasks.countdown.OUTCOMES``): correct; on Countdown a wrong answer is ``wrong_value`` (the
+prompt's digits, another value) or ``wrong_digits`` (digits the prompt does not have); ``malformed`` (no answer
+stated); ``no_eos``. Prompts are a seeded draw from the held-out split; samples at the run's rollout temperature from a
 generator seeded by ``--seed``, so the same folder and seed give the same table.
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from experiments.config import ConfigError, load_config
+from experiments.models.tiny import build_model, generate
 from experiments.rundir import RunDir
-from experiments.tiny import set_threads
-from experiments.tiny.model import build_model, generate
-from experiments.tiny.task import OUTCOMES, Task, decode, get_task
+from experiments.tasks.countdown import OUTCOMES, Task, decode, get_task
+from experiments.threads import set_threads
 from nsr.seeds import generator
 
 

@@ -30,13 +30,13 @@ from tqdm import tqdm
 
 import nsr
 from experiments.config import RunConfig
+from experiments.evaluation.testbed import evaluate, summary
+from experiments.models.tiny import generate, lm_head_grad_norm, logprobs, response_mask
 from experiments.rundir import RunDir, atomic_path
-from experiments.tiny import set_threads
-from experiments.tiny.evaluate import evaluate, summary
-from experiments.tiny.model import generate, lm_head_grad_norm, logprobs, response_mask
+from experiments.sft import check_resume_weights, record_warm_start, sft_key, warm_policy
+from experiments.tasks.countdown import Task, get_task
+from experiments.threads import set_threads
 from experiments.tiny.rewards import train_rewards
-from experiments.tiny.sft import check_resume_weights, record_warm_start, sft_key, warm_policy
-from experiments.tiny.task import Task, get_task
 from nsr.gating import GradientGate
 from nsr.seeds import generator
 

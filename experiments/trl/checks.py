@@ -3,10 +3,10 @@ ConfigError naming the key and the allowed values."""
 
 from __future__ import annotations
 
-import experiments.trl.model  # noqa: F401  registers tiny-qwen2 with the testbed's models (its SFT builds it)
-from experiments.checks import check_field
-from experiments.tiny.checks import check_task_fits
-from experiments.tiny.task import TASKS as TINY_TASKS
+import experiments.models.qwen2  # noqa: F401  registers tiny-qwen2 with the testbed's models (its SFT builds it)
+from experiments.checks import check_field, check_verifier_reward
+from experiments.tasks.countdown import TASKS as TINY_TASKS
+from experiments.tasks.countdown import check_task_fits
 
 TINY_MODELS = ("tiny-qwen2",)
 """Models built in code on the tiny testbed's vocabulary; any other model.name is a HF model id or local path."""
@@ -47,3 +47,4 @@ def check_config(cfg) -> None:
            cfg.trl.vllm_gpu_memory_utilization)  # fmt: skip
     allowed = "false (DGG is an option of the tiny and openrlhf backends)"
     check_field("train", "dgg", not cfg.train.dgg, allowed, cfg.train.dgg)
+    check_verifier_reward(cfg)

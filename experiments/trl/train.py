@@ -14,7 +14,7 @@ eval.every steps and at the last step, with per-sample labels (tiny tasks: the t
 math: the offline evaluator's benchmarks and scorer); TRL's checkpoints in ``trl_checkpoints/`` every
 logging.checkpoint_every RL steps. A folder with a checkpoint resumes from the latest one (TRL restores model,
 optimizer, scheduler and RNG states), its logs cut back to that step. Tiny models start from the testbed's cached SFT
-warm start (experiments/tiny/sft.py).
+warm start (experiments/sft.py).
 """
 
 from __future__ import annotations
@@ -102,11 +102,12 @@ def grpo_config(cfg: RunConfig, output_dir: str | Path, progress: bool = False):
 
 def _tiny_parts(cfg: RunConfig, progress: bool):
     """(model, tokenizer, dataset, reward function, evaluate) for a model built in code on a testbed task."""
-    from experiments.tiny.evaluate import evaluate
-    from experiments.tiny.model import build_model
-    from experiments.tiny.sft import warm_start
-    from experiments.tiny.task import get_task
-    from experiments.trl.model import char_tokenizer, task_reward, train_dataset  # registers tiny-qwen2
+    from experiments.evaluation.testbed import evaluate
+    from experiments.models.qwen2 import char_tokenizer  # registers tiny-qwen2
+    from experiments.models.tiny import build_model
+    from experiments.sft import warm_start
+    from experiments.tasks.countdown import get_task
+    from experiments.trl.data import task_reward, train_dataset
     from nsr.seeds import generator
 
     task = get_task(cfg.task.name)
@@ -130,9 +131,9 @@ def _math_parts(cfg: RunConfig, progress: bool):
     (experiments.tasks.arithmetic), scored by the kit's math reward."""
     from datasets import Dataset
 
+    from experiments.evaluation.math import eval_rows, load_benchmark
     from experiments.models.smollm2 import load
-    from experiments.openrlhf.evaluate import eval_rows, load_benchmark
-    from experiments.openrlhf.reward import score
+    from experiments.rewards.math import score
     from experiments.rundir import read_jsonl
 
     dtype = torch.bfloat16 if cfg.trl.bf16 and torch.cuda.is_available() else torch.float32
@@ -267,7 +268,7 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
     model, tok, data, reward, run_eval = parts(cfg, progress)
     info = getattr(model, "warm_start_info", None)
     if info is not None and rd.config_path.exists():  # a model trained from a testbed warm start: pairs need its hash
-        from experiments.tiny.sft import record_warm_start
+        from experiments.sft import record_warm_start
 
         record_warm_start(rd, cfg, info)
     model_info = getattr(model, "model_info", None)
@@ -318,7 +319,7 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
 
     ``stop_after``: end after this RL step as if killed (tests of the resume path), leaving the folder unfinished.
     """
-    from experiments.tiny import set_threads
+    from experiments.threads import set_threads
 
     set_threads()
     progress = progress and cfg.logging.progress

@@ -103,7 +103,9 @@ def parse(argv: list[str], validate: bool = True) -> SimpleNamespace:
     try:
         with contextlib.redirect_stderr(err):
             flat = parser.parse_args(list(argv))
-    except SystemExit:
+    except SystemExit as e:
+        if e.code == 0:  # --help: the usage went to stdout; exit 0 as OpenRLHF's own command does
+            raise
         raise CLIError(err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "bad arguments") from None
     _, checks = _main_block()
     ns = {"args": flat, "hierarchize": _hierarchize(), "__name__": "__main__"}

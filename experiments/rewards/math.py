@@ -14,7 +14,7 @@ and replaced. One call therefore returns within TIMEOUT_S plus a worker start (S
 the wait for a free worker when more than MAX_WORKERS threads call at once. Answers longer than MAX_ANSWER_CHARS
 score 0 without a comparison. Self-contained (torch and math-verify only): it must load in any Ray worker.
 
-The offline evaluator (experiments/openrlhf/evaluate.py) scores with the same :func:`score`.
+The offline evaluator (experiments/evaluation/math.py) scores with the same :func:`score`.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from experiments.checks import check_field
 from nsr.registry import Registry
 
 CHARS = "0123456789+-*:="
@@ -255,3 +256,15 @@ TASKS.register("countdown4")(Countdown4)
 def get_task(name: str) -> Task:
     """The task instance of ``name`` (built once per process; raises ValueError listing valid names)."""
     return TASKS[name]()
+
+
+def check_task_fits(cfg, task) -> None:
+    """The answers and held-out split of a testbed task fit the config (the tiny backend and the trl backend on a
+    testbed task check it)."""
+    new = cfg.rollout.max_new_tokens
+    allowed = f">= {task.answer_len} (a correct {task.name} answer and its EOS)"
+    check_field("rollout", "max_new_tokens", new >= task.answer_len, allowed, new)
+    allowed = f"<= {N_POSITIONS - task.prompt_len} (the tiny model's context)"
+    check_field("rollout", "max_new_tokens", task.prompt_len + new <= N_POSITIONS, allowed, new)
+    allowed = f"<= {task.n_eval} (the held-out split of {task.name})"
+    check_field("eval", "n_prompts", cfg.eval.n_prompts <= task.n_eval, allowed, cfg.eval.n_prompts)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from experiments.config import RunConfig
-from experiments.tiny.model import generate
-from experiments.tiny.task import Task
+from experiments.models.tiny import generate
+from experiments.tasks.countdown import Task
 from nsr.seeds import generator
 
 

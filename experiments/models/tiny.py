@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from experiments.tiny.task import EOS, N_POSITIONS, VOCAB_SIZE
+from experiments.tasks.countdown import EOS, N_POSITIONS, VOCAB_SIZE
 from nsr.registry import Registry
 
 if TYPE_CHECKING:  # annotations only: config validation imports this module

@@ -1,0 +1,25 @@
+"""torch's intra-op thread count for a run in this process, from ``NSR_THREADS`` (default 1).
+
+The thread count is not part of the config, so it never changes a run id. It changes float rounding, so bit-identical
+reruns need the same value: the default of 1 makes a rerun on any machine match the committed CPU grid, and avoids
+OpenMP stalls on shared cores.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def set_threads() -> int:
+    """Apply NSR_THREADS (default 1) to torch; returns the thread count."""
+    raw = os.environ.get("NSR_THREADS", "")
+    try:
+        n = int(raw) if raw else 1
+    except ValueError:
+        raise ValueError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer") from None
+    if n < 1:
+        raise ValueError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer")
+    torch.set_num_threads(n)
+    return n
