@@ -36,7 +36,7 @@ from experiments.config import ConfigError, RunConfig
 from experiments.evaluation.math import STEP_DIR, benchmark_file, eval_steps
 from experiments.models.qwen2 import is_toy_model, model_path
 from experiments.openrlhf.argv import build_command
-from experiments.openrlhf.metrics import rows_from_tensorboard
+from experiments.openrlhf.metrics import ratio_bins_from_tensorboard, rows_from_tensorboard
 from experiments.openrlhf.plan import ARITHMETIC, FILTER_HEADROOM, count_rows, rows_needed, train_data_path
 from experiments.openrlhf.toy import prepare as prepare_cpu_model
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
@@ -214,6 +214,7 @@ def run_openrlhf(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
             if not rows:
                 raise RuntimeError(f"{rd.path}: OpenRLHF finished without logging a single step")
             rd.append("metrics.jsonl", rows)
+            rd.append("ratio_bins.jsonl", ratio_bins_from_tensorboard(rd.path / "tensorboard", cfg.loss))
         done = last_step(rd)
         if done < cfg.train.steps:
             raise RuntimeError(

@@ -9,7 +9,8 @@ so K = minibatches x epochs optimizer steps per RL step and ``max_steps`` = trai
 optimizer steps, i.e. once per RL step, averaging its metrics over the step: each log becomes one metrics.jsonl row.
 
 Run folder (experiments/rundir.py): config.yaml and status.json by ``experiments.run``; metrics.jsonl per RL step
-(the clip and rescue fractions of nsr.METRIC_KEYS, as the tiny backend names them); eval.jsonl at step 0, every
+(the clip and rescue fractions of nsr.METRIC_KEYS, as the tiny backend names them); ratio_bins.jsonl per RL step at
+token level (NSRGRPOTrainer's premise meter, nsr.premise, the tiny backend's format); eval.jsonl at step 0, every
 eval.every steps and at the last step, with per-sample labels (tiny tasks: the testbed's evaluator and eval set;
 math: the offline evaluator's benchmarks and scorer); TRL's checkpoints in ``trl_checkpoints/`` every
 logging.checkpoint_every RL steps. A folder with a checkpoint resumes from the latest one (TRL restores model,
@@ -277,7 +278,8 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
     k = optimizer_steps_per_rl_step(cfg)
 
     class RunFolder(TrainerCallback):
-        """Writes TRL's per-RL-step log as a metrics.jsonl row, and the eval due at that step."""
+        """Writes TRL's per-RL-step log as a metrics.jsonl row (and the premise meter's as a ratio_bins.jsonl row),
+        and the eval due at that step."""
 
         def __init__(self):
             self.t0 = time.perf_counter()
@@ -288,6 +290,11 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
             step = state.global_step // k
             wall = time.perf_counter() - self.t0
             rd.append("metrics.jsonl", [_metrics_row(step, logs, wall)])
+            if trainer.premise_counts is not None:  # the premise meter's counts of this RL step (token level)
+                from nsr.premise import counts_row
+
+                rd.append("ratio_bins.jsonl", [counts_row(trainer.premise_counts, step, cfg.loss)])
+                trainer.premise_counts = None
             if _eval_due(cfg, step):
                 rd.append("eval.jsonl", run_eval(trainer.model, step))
             if stop_after is not None and step >= stop_after:

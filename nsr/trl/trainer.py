@@ -39,6 +39,13 @@ tokens of the ratio, as TRL counts them), and the kit's own: ``nsr/<key>`` for e
 (reduced by ``nsr.METRIC_REDUCE``: means, ``nsr/ratio_min`` the minimum and ``nsr/ratio_max`` the maximum over the
 window), ``nsr/policy_loss`` (the rule's loss of each micro-batch, without KL), ``nsr/adv_abs_mean``,
 ``nsr/mixed_group_frac``.
+
+The premise meter (``premise=True``, the default, at token level): an ``nsr.PremiseMeter`` on every training
+micro-batch (the rule's per-token loss and its autograd gradient; no host sync), read once per training log: the
+window's counts in ``trainer.premise_counts`` (summed over processes; the trl backend writes them to
+ratio_bins.jsonl) and per-token rates in TRL's log as ``premise/<key>`` (``nsr.premise.RATE_KEYS``: per side the
+clipped tokens within the rescue zone and deeper, the rescued ones and their gradient weight, over the window's valid
+tokens). ``premise=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from trl import GRPOTrainer
 import nsr
 from nsr.advantages import STD_EPS
 from nsr.objectives import METRIC_REDUCE, reduce_metric
+from nsr.premise import PremiseMeter, rates
 from nsr.seeds import generator
 
 LOSS_TYPES = ("dapo", "grpo")
@@ -73,7 +81,15 @@ class NSRGRPOTrainer(GRPOTrainer):
         seed: seed of the rule's and the advantage's random streams (default: the GRPOConfig's seed).
     """
 
-    def __init__(self, *args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | None = None, seed=None, **kw):
+    def __init__(
+        self,
+        *args,
+        loss: nsr.LossConfig,
+        advantages: nsr.AdvantageConfig | None = None,
+        seed=None,
+        premise: bool = True,
+        **kw,
+    ):
         if not isinstance(loss, nsr.LossConfig):
             raise TypeError(f"loss must be nsr.LossConfig, got {type(loss).__name__}")
         advantages = advantages or nsr.AdvantageConfig()
@@ -89,6 +105,9 @@ class NSRGRPOTrainer(GRPOTrainer):
         self.nsr_seed = self.args.seed if seed is None else seed
         self._rewards_per_func = None
         self._eval_micro = (None, 0)  # (global step, micro-batches evaluated at it): the eval loss streams
+        self.premise = PremiseMeter(loss) if premise and loss.level == "token" else None
+        self.premise_counts: torch.Tensor | None = None
+        """The premise meter's (2, 3, N_BINS + 1) counts of the last logging window, summed over processes (host)."""
 
     # ------------------------------------------------------------------ advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -176,6 +195,8 @@ class NSRGRPOTrainer(GRPOTrainer):
 
         gen = self._loss_generator(logps.device, train)
         loss_tok, met = nsr.policy_loss(logps, old, adv, mask.bool(), self.nsr_loss, gen)
+        if train and self.premise is not None and logps.requires_grad:  # the rule's loss, before vLLM IS weights
+            self.premise.add(loss_tok, logps, adv, mask.bool(), old_log_probs=old)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             loss_tok = loss_tok * inputs["importance_sampling_ratio"]
         per_token_loss = loss_tok
@@ -223,11 +244,29 @@ class NSRGRPOTrainer(GRPOTrainer):
         """TRL's log (the mean of each metric over the logging window), except the ``nsr/`` metrics that
         ``nsr.METRIC_REDUCE`` declares min or max: their window's min or max."""
         mode = "train" if self.model.training else "eval"
+        if mode == "train" and self.premise is not None:
+            self._log_premise(logs)
         for key, values in self._metrics[mode].items():
             k = key.removeprefix("nsr/")
             if key.startswith("nsr/") and METRIC_REDUCE.get(k, "mean") != "mean" and values:
                 values[:] = [reduce_metric(k, values)]
         super().log(logs, start_time)
+
+    def _log_premise(self, logs: dict) -> None:
+        """The premise meter's window (the updates since the last training log), summed over processes and read
+        once: kept in ``premise_counts`` (the run folder's ratio_bins.jsonl row) and logged as ``premise/<key>``
+        per-token rates (nsr.premise.rates); then the meter restarts. A window without tokens (TRL's end-of-training
+        summary) logs nothing and leaves ``premise_counts`` as it was."""
+        counts, tokens = self.premise.counts(), self.premise.tokens
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts.clone(), "sum")
+            tokens = self.accelerator.reduce(tokens.clone(), "sum")
+        counts, tokens = counts.cpu(), tokens.cpu()
+        self.premise.reset()
+        if tokens.item() == 0:
+            return
+        self.premise_counts = counts
+        logs.update({f"premise/{k}": v.item() for k, v in rates(counts, tokens).items()})
 
 
 _MULTIMODAL_ERROR = (
