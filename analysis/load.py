@@ -331,7 +331,7 @@ def make_label(arm: str, point: dict) -> str:
 def _tensorboard_rows(path: Path) -> list[dict] | None:
     if not any(path.rglob("events.out.tfevents.*")):
         return None
-    from experiments.openrlhf.metrics import rows_from_tensorboard
+    from experiments.openrlhf.tensorboard import rows_from_tensorboard
 
     return rows_from_tensorboard(path)
 

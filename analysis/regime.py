@@ -307,7 +307,7 @@ def gate_readout(regime: dict, hard_ruled_out: dict[str, bool], gates_dir: Path)
     hard runs enters with p = 1) is decided when every gate is complete or its candidate ruled out; before that a
     complete gate with p < alpha / m passes whatever the others show (Holm's first step), one with p >= alpha fails.
     """
-    from analysis.mechanism import gate, gate_family, load_states
+    from analysis.mechanism_stats import gate, gate_family, load_states
 
     g = regime["gate"]
     expected = int(re.search(r"--states (\d+)", g["command"]).group(1))

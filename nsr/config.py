@@ -39,8 +39,9 @@ class LossConfig:
     """Which policy-gradient objective to use, and its parameters (docs/method.md)."""
 
     rule: str = "hard"
-    """Clip rule, one of ``nsr.RULES``: hard, nsr, soft, pushout, nsr_pushout, noisy_decision, clean_decision,
-    cispo, sapo, noclip."""
+    """Clip rule, one of ``nsr.RULES`` (docs/method.md, "Every rule"): hard, nsr, soft, pushout, nsr_pushout,
+    noisy_decision, clean_decision, cispo, sapo, noclip (nsr/objectives.py); gppo, ce_gppo, dcpo, clip_cov, kl_cov,
+    dppo_tv (nsr/related.py)."""
     level: Literal["token", "sequence"] = "token"
     """token: per-token ratio (PPO/GRPO/DAPO). sequence: GSPO ratio exp(mean_t log r_t) with sequence bounds."""
     eps_low: float | None = None

@@ -27,7 +27,7 @@ cov = (A - mean A)(log pi - mean log pi), means over the minibatch's valid token
 counts are floor(frac x n_valid), at least 1, kept as tensors: the selection is a partial one (``torch.topk`` of
 the static count floor(frac x B x T) >= k, then the tokens beyond the k-th key and, of those tied with it, the first
 in position order: the tokens a stable sort would take), never ``nonzero`` / ``.item()`` / ``randperm``, so the loss
-path has no host-device sync and costs what verl's implementations cost (``python -m experiments.bench_loss
+path has no host-device sync and costs what verl's implementations cost (``python -m experiments.bench.loss
 --verl``). Clip-Cov's random choice draws one uniform priority per token from the run's generator and takes the k
 smallest among the eligible tokens.
 

@@ -251,10 +251,12 @@ def _params(res: dict, name: str, max_parallel: int | None) -> dict[str, Any]:
     return params
 
 
-def _job(task: list[Decision], res: dict) -> RunJob | BatchJob:
+def _job(task: list[Decision], res: dict, batched: bool) -> RunJob | BatchJob:
+    """The submitit callable of one task: a BatchJob when ``batched`` (the batched trainer, also for a task of one
+    run, so a sweep's runs come from one engine), else a RunJob."""
     env = {"NSR_THREADS": str(res["cpus_per_task"])}
-    if len(task) == 1:
-        d = task[0]
+    if not batched:
+        (d,) = task
         return RunJob(d.spec.config.to_dict(), d.spec.run_id, str(d.out), dict(d.spec.meta), env)
     return BatchJob(
         [d.spec.config.to_dict() for d in task],
@@ -265,25 +267,45 @@ def _job(task: list[Decision], res: dict) -> RunJob | BatchJob:
     )
 
 
+def batched(task: list[Decision], batch_size: int) -> bool:
+    """Whether ``task`` runs on its backend's batched trainer: its backend packs runs and ``batch_size`` > 1."""
+    return batch_size > 1 and BACKENDS[task[0].spec.config.backend].batch_key is not None
+
+
 def pack(decisions: list[Decision], batch_size: int) -> list[list[Decision]]:
     """The tasks to submit: runs whose backend packs runs (its ``batch_key``, experiments/backends.py; the tiny
-    backend's: model, task, rollout, steps, updates, eval) that can share a batch (same preset and key) in groups of
-    at most ``batch_size``, in submission order; every other run alone. A batch is an execution detail (its float64
-    check: tests/test_batched.py), not part of a run's identity."""
-    tasks: list[list[Decision]] = []
-    open_: dict[tuple, list[Decision]] = {}
+    backend's: model, task, rollout, steps, updates, eval) that can share a batch (same preset and key) in as few
+    tasks of at most ``batch_size`` as they need, sized evenly (9 runs in tasks of 8: 5 + 4, not 8 + 1), in order of
+    their first run; every other run alone. Every task of a packing backend runs on its batched trainer
+    (:func:`batched`), a task of one run too, so a sweep's arms come from one engine (docs/testbed.md, "Batched
+    testbed"). A batch is an execution detail (its float64 check: tests/test_batched.py), not part of a run's
+    identity."""
+    slots: list[list[Decision] | tuple] = []
+    groups: dict[tuple, list[Decision]] = {}
     for d in decisions:
         cfg = d.spec.config
         batch_key = BACKENDS[cfg.backend].batch_key
         if batch_size <= 1 or batch_key is None:
-            tasks.append([d])
+            slots.append([d])
             continue
         key = (d.spec.meta["preset"], cfg.backend, batch_key(cfg))
-        cur = open_.get(key)
-        if cur is None or len(cur) >= batch_size:
-            cur = open_[key] = []
-            tasks.append(cur)
-        cur.append(d)
+        if key not in groups:
+            groups[key] = []
+            slots.append(key)
+        groups[key].append(d)
+    tasks: list[list[Decision]] = []
+    for slot in slots:
+        if isinstance(slot, list):
+            tasks.append(slot)
+            continue
+        group = groups[slot]
+        n_tasks = -(-len(group) // batch_size)
+        size, extra = divmod(len(group), n_tasks)
+        start = 0
+        for i in range(n_tasks):
+            end = start + size + (1 if i < extra else 0)
+            tasks.append(group[start:end])
+            start = end
     return tasks
 
 
@@ -407,14 +429,14 @@ def submit(
         runs = sum(len(t) for t in tasks)
         if cluster == "slurm":
             with ex.batch():
-                jobs = [ex.submit(_job(t, res)) for t in tasks]
+                jobs = [ex.submit(_job(t, res, batched(t, batch_size))) for t in tasks]
             sub.arrays.append(f"{jobs[0].job_id.split('_')[0]} ({p}, {runs} runs in {len(tasks)} tasks)")
             for t, j in zip(tasks, jobs):
                 for d in t:
                     _record(d, j, cluster, logs)
             sub.jobs += jobs
         else:
-            sub.jobs += _run_here(ex, tasks, res, cluster, logs, max_parallel)
+            sub.jobs += _run_here(ex, tasks, res, cluster, logs, max_parallel, batch_size)
         sub.tasks += len(tasks)
     return sub
 
@@ -443,7 +465,9 @@ def _resource_plans(decisions: list[Decision], res_of: dict) -> list:
     return out
 
 
-def _run_here(ex, tasks: list[list[Decision]], res: dict, cluster: str, logs: Path, max_parallel: int | None) -> list:
+def _run_here(
+    ex, tasks: list[list[Decision]], res: dict, cluster: str, logs: Path, max_parallel: int | None, batch_size: int
+) -> list:
     """local: processes (one per task), at most ``max_parallel`` at once; debug: one after the other in this process.
     Waits."""
     width = max_parallel or (1 if cluster == "debug" else os.cpu_count() or 1)
@@ -452,7 +476,7 @@ def _run_here(ex, tasks: list[list[Decision]], res: dict, cluster: str, logs: Pa
         while len(running) >= width:
             running = [j for j in running if not j.done()]
             time.sleep(0.2)
-        j = ex.submit(_job(t, res))
+        j = ex.submit(_job(t, res, batched(t, batch_size)))
         for d in t:
             _record(d, j, cluster, logs)
         jobs.append(j)

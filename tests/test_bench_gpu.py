@@ -1,4 +1,4 @@
-"""The GPU benchmark script (experiments/bench_gpu.py) runs end to end at its CPU smoke size: the batched trainer at
+"""The GPU benchmark script (experiments/bench/gpu.py) runs end to end at its CPU smoke size: the batched trainer at
 two batch sizes and the loss table against OpenRLHF's PolicyLoss (no timing is asserted)."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from experiments import bench_gpu
+from experiments.bench import gpu as bench_gpu
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
 

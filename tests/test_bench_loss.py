@@ -1,4 +1,4 @@
-"""experiments.bench_loss at a tiny size: the table has every rule and OpenRLHF, with sane columns.
+"""experiments.bench.loss at a tiny size: the table has every rule and OpenRLHF, with sane columns.
 
 No timing is asserted (timings belong to the benchmark's report, not to pass/fail tests).
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import nsr
-from experiments import bench_loss
+from experiments.bench import loss as bench_loss
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -62,7 +62,7 @@ def test_command_line(tmp_path):
     out = tmp_path / "bench.json"
     argv = ["--B", "4", "--T", "64", "--repeats", "2", "--threads", "1", "--clock", "cpu"]
     done = subprocess.run(
-        [sys.executable, "-m", "experiments.bench_loss", *argv, "--json", str(out)],
+        [sys.executable, "-m", "experiments.bench.loss", *argv, "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,

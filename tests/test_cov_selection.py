@@ -1,11 +1,11 @@
 """Clip-Cov and KL-Cov select their tokens by a partial selection (topk of a static count), not a full sort: the same
 tokens as the stable sort they replace, ties included, with no host sync; and the loss benchmark times them next to
-verl 0.9.1's own clip_cov / kl_cov (``python -m experiments.bench_loss --verl``)."""
+verl 0.9.1's own clip_cov / kl_cov (``python -m experiments.bench.loss --verl``)."""
 
 import pytest
 import torch
 
-from experiments import bench_loss
+from experiments.bench import loss as bench_loss
 from nsr.related import first_k, static_budget, token_budget
 
 

@@ -98,8 +98,14 @@ ABOVE = frozenset(
         "experiments",
         "experiments.backends",
         "experiments.run",
-        "experiments.mechanism",
-        "experiments.bench_batch",
+        "experiments.mechanism_probe",
+        "experiments.mechanism",  # old path of experiments.mechanism_probe (a package: __main__ runs it)
+        "experiments.mechanism.__main__",
+        "experiments.bench",
+        "experiments.bench.batch",
+        "experiments.bench.gpu",
+        "experiments.bench.loss",
+        "experiments.bench_batch",  # old paths of experiments.bench.*, kept for recorded commands
         "experiments.bench_gpu",
         "experiments.bench_loss",
     }

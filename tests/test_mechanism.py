@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from analysis import mechanism as A
-from experiments import mechanism as M
+from analysis import mechanism_stats as A
+from experiments import mechanism_probe as M
 from experiments.config import load_config
 from experiments.models.tiny import build_model, generate
 from experiments.sft import warm_start

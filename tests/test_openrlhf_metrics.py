@@ -1,4 +1,4 @@
-"""nsr.openrlhf.metrics and experiments.openrlhf.metrics: OpenRLHF's logged train/* names -> metrics.jsonl rows.
+"""nsr.openrlhf.metrics and experiments.openrlhf.tensorboard: OpenRLHF's logged train/* names -> metrics.jsonl rows.
 
 Event files are written by OpenRLHF 0.11.2's own TensorboardLogger (loaded from the installed package by file
 path), so a change in its tag layout fails here.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import nsr
-from experiments.openrlhf.metrics import ratio_bins_from_tensorboard, rows_from_tensorboard
+from experiments.openrlhf.tensorboard import ratio_bins_from_tensorboard, rows_from_tensorboard
 from nsr.openrlhf.metrics import METRIC_KEYS, REQUIRED, premise_logs, premise_row_from_logs, row_from_logs
 from nsr.openrlhf.reference import openrlhf_root
 from nsr.premise import counts_row

@@ -394,3 +394,19 @@ def test_gppo_and_dppo_keep_their_gradient_at_extreme_ratios():
     for rule in ("gppo", "dppo_tv"):
         _, g, _ = run(logp, old, adv, mask, nsr.LossConfig(rule=rule))
         assert torch.isfinite(g).all() and g[0, 1] == 0
+
+
+def test_every_rule_is_named_where_the_rules_are_listed():
+    """LossConfig.rule's docstring and docs/method.md name every registered rule and the file that defines it."""
+    import inspect
+    from pathlib import Path
+
+    from nsr.registry import RULES
+
+    root = Path(__file__).resolve().parents[1]
+    doc = inspect.getsource(nsr.config.LossConfig)
+    method = (root / "docs" / "method.md").read_text()
+    for name in RULES:
+        where = Path(inspect.getsourcefile(RULES[name])).name
+        assert f"{name}" in doc and f"nsr/{where}" in doc, name
+        assert f"nsr/{where}" in method and name in method, name

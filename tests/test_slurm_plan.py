@@ -213,10 +213,31 @@ def test_pack_groups_compatible_tiny_runs():
 
     for t in tasks:  # one preset, one batch key per task
         assert len({(d.spec.meta["preset"], batch_key(d.spec.config)) for d in t}) == 1
-    # delta's 13 runs share one key (3 tasks of <= 4 plus 1); regime_a2's candidates differ in updates / samples
-    assert len(tasks) == 4 + 3 and all(len(t) == 1 for t in pack(ds, 1))
+    # delta's 13 runs share one key (4 tasks of <= 4, sized evenly: 4 3 3 3); regime_a2's candidates differ in
+    # updates / samples (one task each)
+    assert [len(t) for t in tasks[:4]] == [4, 3, 3, 3] and len(tasks) == 4 + 3
+    assert all(len(t) == 1 for t in pack(ds, 1))
     cluster = expand("main")[:3]
     assert [len(t) for t in pack([Decision(s, Path("/x"), True, "") for s in cluster], 8)] == [1, 1, 1]
+
+
+def test_nine_compatible_runs_pack_as_five_and_four_on_one_engine():
+    """9 compatible tiny runs in tasks of at most 8: 5 + 4, both on the batched trainer (a sweep's arms from one
+    engine), not 8 batched + 1 on the single-run trainer; other backends' runs stay alone on their own trainer."""
+    from experiments.sweep import expand
+    from slurm.jobs import BatchJob, RunJob
+    from slurm.submit import Decision, _job, batched, pack
+
+    specs = [s for s in expand("delta", preset="tiny-smoke")][:9]
+    ds = [Decision(s, Path("/x") / s.run_id, True, "new") for s in specs]
+    tasks = pack(ds, 8)
+    assert [len(t) for t in tasks] == [5, 4]
+    res = {"cpus_per_task": 1}
+    assert all(isinstance(_job(t, res, batched(t, 8)), BatchJob) for t in tasks)
+    assert [len(t) for t in pack(ds[:1], 8)] == [1] and isinstance(_job(ds[:1], res, batched(ds[:1], 8)), BatchJob)
+    assert all(isinstance(_job(t, res, batched(t, 1)), RunJob) for t in pack(ds, 1))  # --batch-size 1: one engine too
+    cluster = [Decision(s, Path("/x"), True, "") for s in expand("main")[:2]]
+    assert all(isinstance(_job(t, res, batched(t, 8)), RunJob) for t in pack(cluster, 8))
 
 
 def test_a_failing_member_of_a_packed_task_fails_alone(tmp_path, monkeypatch):

@@ -192,7 +192,7 @@ def test_recipe_overrides_round_trip():
 
 
 def test_cli_prints_a_sweeps_overrides(capsys, monkeypatch):
-    from experiments.verl import main
+    from experiments.verl_overrides import main
 
     monkeypatch.chdir(ROOT)
     assert main(["--sweep", "sweeps/delta.yaml"]) == 0

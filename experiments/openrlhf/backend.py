@@ -36,8 +36,8 @@ from experiments.config import ConfigError, RunConfig
 from experiments.evaluation.math import STEP_DIR, benchmark_file, eval_steps
 from experiments.models.qwen2 import is_toy_model, model_path
 from experiments.openrlhf.argv import build_command
-from experiments.openrlhf.metrics import ratio_bins_from_tensorboard, rows_from_tensorboard
 from experiments.openrlhf.plan import ARITHMETIC, FILTER_HEADROOM, count_rows, rows_needed, train_data_path
+from experiments.openrlhf.tensorboard import ratio_bins_from_tensorboard, rows_from_tensorboard
 from experiments.openrlhf.toy import prepare as prepare_cpu_model
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
 

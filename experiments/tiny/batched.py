@@ -139,7 +139,7 @@ def batch_rl_step(
     and recorded in ``failures``; the other members are not affected. ``trace`` (tests): gets each member's rollout
     completions under ``trace[member]``.
 
-    On a model on another device than the CPU (experiments/bench_gpu.py) the model's work runs there and the draws
+    On a model on another device than the CPU (experiments/bench/gpu.py) the model's work runs there and the draws
     that touch its tensors (sampling, the loss's noise) come from generators on that device seeded as the CPU ones:
     other numbers than a CPU run's, for throughput, not for the grids."""
     failures = _Failures() if failures is None else failures

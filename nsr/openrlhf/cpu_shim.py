@@ -31,6 +31,9 @@ functions raise: the CPU preset needs ``packing_samples: false`` and eager atten
 Test only: with ``NSR_OPENRLHF_CPU_STALE_VLLM=<n>`` (:data:`STALE`) the actor skips its first ``n`` weight
 broadcasts, so vLLM generates with the base model until sync n + 1 sends it the whole current policy; the end-to-end
 test uses it to show that the weight-sync check fails on a stale engine, and passes again once the sync resumes. With
+``NSR_OPENRLHF_CPU_SKIP_RESUME_SYNC=1`` (:data:`SKIP_RESUME_SYNC`) a resumed run skips the sync it makes before its
+first step; the resume test fails then (each sync's log line carries the sha256 of the weights vLLM reloaded, which
+the test compares with the step-2 checkpoint's). With
 ``NSR_OPENRLHF_CPU_RAW_LOGPROBS=1`` (:data:`RAW_LOGPROBS`, test only) vLLM returns the model's raw log-probs instead of
 the ``processed_logprobs`` OpenRLHF asks for with IS correction (cli/train_ppo_ray.py): OpenRLHF samples with
 ``min_tokens=1`` (samples_generator.py), so the processed log-prob of the first response token is renormalised
@@ -58,6 +61,9 @@ import types
 STALE = "NSR_OPENRLHF_CPU_STALE_VLLM"
 """Test only (an integer n >= 0): the actor skips its first n actor -> vLLM weight broadcasts, so vLLM generates with
 the base model's weights until sync n + 1."""
+SKIP_RESUME_SYNC = "NSR_OPENRLHF_CPU_SKIP_RESUME_SYNC"
+"""Test only (value 1): the controller skips the weight sync a resumed run makes before its first step, so vLLM samples
+that step from the base model's weights (tests/test_openrlhf_e2e.py: the resume test fails then)."""
 RAW_LOGPROBS = "NSR_OPENRLHF_CPU_RAW_LOGPROBS"
 """Test only (value 1): vLLM's rollout log-probs are the raw ones (``logprobs_mode="raw_logprobs"``)."""
 RATIO_LOG = "NSR_OPENRLHF_CPU_RATIO_LOG"
@@ -82,7 +88,7 @@ def cpu_env() -> dict[str, str]:
     """The environment every process of a CPU run gets (values already set win, but for ``DS_ACCELERATOR``)."""
     env = {k: os.environ.get(k, v) for k, v in THREADS_ENV.items()}
     env |= {"DS_ACCELERATOR": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KVCACHE_GIB)}
-    for key in (STALE, RATIO_LOG):
+    for key in (STALE, SKIP_RESUME_SYNC, RATIO_LOG):
         if os.environ.get(key):
             env[key] = os.environ[key]
     return env
@@ -304,6 +310,46 @@ def patch_ratio_log() -> None:
     trainer.ppo_train, trainer.training_step = ppo_train, training_step
 
 
+def patch_resume_sync() -> None:
+    """With :data:`SKIP_RESUME_SYNC`: the controller's syncs before its first trained step in this process (the one
+    sync a resumed run makes before sampling) send nothing."""
+    if os.environ.get(SKIP_RESUME_SYNC) != "1":
+        return
+    from openrlhf.trainer import ppo_trainer
+
+    base = ppo_trainer.BasePPOTrainer
+    if getattr(base.broadcast_to_vllm, "_nsr_cpu", False):
+        return
+    send, train = base.broadcast_to_vllm, base.ppo_train
+
+    def ppo_train(self, global_steps):
+        self._nsr_trained = True
+        return train(self, global_steps)
+
+    def broadcast_to_vllm(self):
+        if getattr(self, "_nsr_trained", False):
+            return send(self)
+        print(f"{SKIP_RESUME_SYNC}=1: the resume sync: weights NOT sent to vLLM (test-only)", flush=True)
+
+    broadcast_to_vllm._nsr_cpu = True
+    base.broadcast_to_vllm, base.ppo_train = broadcast_to_vllm, ppo_train
+
+
+def weights_sha256(named) -> str:
+    """sha256 over ``(name, tensor)`` pairs in name order (name, dtype, shape, raw bytes): what a sync carried, or
+    a checkpoint's weights cast to the dtype vLLM holds."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(named, key=lambda kv: kv[0]):
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def setup_worker() -> None:
     """Ray's ``worker_process_setup_hook``: runs in every Ray worker before it imports any task or actor."""
     os.environ.update(cpu_env())
@@ -312,6 +358,7 @@ def setup_worker() -> None:
     patch_replay_buffer()
     patch_deepspeed()
     patch_weight_sync()
+    patch_resume_sync()
     patch_ratio_log()
 
 
@@ -372,7 +419,9 @@ class CPUWorkerExtension:
             retie(self.model_runner.get_model(), self.model_config.hf_config)
             self._nsr_syncs += 1
             n = self._nsr_syncs
-            print(f"{__name__}: vLLM reloaded {len(received)} weights from the actor (sync {n})", flush=True)
+            digest = weights_sha256(received)  # what vLLM now serves, for the resume test to compare with a checkpoint
+            what = f"{len(received)} weights from the actor (sync {n}, {dtype}, sha256 {digest})"
+            print(f"{__name__}: vLLM reloaded {what}", flush=True)
 
 
 # ---------------------------------------------------------------- the launcher (Ray driver)

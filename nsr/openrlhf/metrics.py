@@ -1,7 +1,7 @@
 """OpenRLHF 0.11.2's logged ``train/*`` scalars, mapped onto the run folder's metrics.jsonl names (docs/design.md).
 
 Part of the plug-in: the launcher's ``--nsr.metrics_path`` writes one such row per RL step from the controller
-(:class:`nsr.openrlhf.actors.NSRPPOTrainer`); ``experiments.openrlhf.metrics`` rebuilds the same rows from
+(:class:`nsr.openrlhf.actors.NSRPPOTrainer`); ``experiments.openrlhf.tensorboard`` rebuilds the same rows from
 TensorBoard event files.
 
 OpenRLHF's controller logs one dict per RL step (``PPOTrainer.save_logs_and_checkpoints``); its TensorBoard logger

@@ -9,8 +9,8 @@ environment of every Ray worker) run NSR:
 Optional parameters take hydra's ``+`` (keys verl's own config does not have):
 ``+actor_rollout_ref.actor.policy_loss.delta=0.2``, ``+...policy_loss.executor=clean``, ``+...policy_loss.seed=0``,
 ``+...policy_loss.dual_clip=false``; the trust region stays ``actor.clip_ratio_low`` / ``clip_ratio_high``.
-The kit's ``python -m experiments.verl --sweep sweeps/delta.yaml`` prints the overrides of every grid point of a
-sweep. Importing this package registers the modes (:func:`register`); details in :mod:`nsr.verl.plugin`.
+The kit's ``python -m experiments.verl_overrides --sweep sweeps/delta.yaml`` prints the overrides of every grid
+point of a sweep. Importing this package registers the modes (:func:`register`); details in :mod:`nsr.verl.plugin`.
 """
 
 from nsr.verl.plugin import (

@@ -3,7 +3,7 @@
 The launcher writes metrics.jsonl from the controller (``nsr.openrlhf.metrics.row_from_logs``); this rebuilds the
 same rows from event files: a cluster run that only kept TensorBoard, or a plain OpenRLHF run.
 
-    from experiments.openrlhf.metrics import rows_from_tensorboard
+    from experiments.openrlhf.tensorboard import rows_from_tensorboard
     rows = rows_from_tensorboard("results/runs/main/<run_id>/tensorboard")   # list of rows, by step
     bins = ratio_bins_from_tensorboard("results/runs/main/<run_id>/tensorboard", cfg.loss)  # ratio_bins.jsonl rows
 """

@@ -1,0 +1,7 @@
+"""``python -m experiments.mechanism``: runs ``python -m experiments.mechanism_probe``."""
+
+import sys
+
+from experiments.mechanism_probe import main
+
+sys.exit(main())
