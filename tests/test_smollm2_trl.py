@@ -22,7 +22,7 @@ from experiments.rundir import REPO_ROOT, RunDir, read_jsonl  # noqa: E402
 
 PRESET = REPO_ROOT / "sweeps" / "presets" / "smollm2-trl-cpu.yaml"
 SMALL = [
-    "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=28", "train.steps=2",
+    "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "train.steps=2",
     "eval.n_prompts=2", "eval.n_samples=1", "eval.every=0", "logging.checkpoint_every=1",
 ]  # fmt: skip
 
