@@ -166,7 +166,10 @@ register(
         preflight=_openrlhf_preflight,
         identity=(*_METHOD, "model", "task", "openrlhf", "logging.keep_checkpoint"),
         plan=_openrlhf_plan,
-        fixed_resources=lambda cfg: {"nodes": cfg.openrlhf.nodes, "gpus_per_node": cfg.openrlhf.gpus_per_node},
+        fixed_resources=lambda cfg: {  # a CPU run's DeepSpeed ranks hold fake Ray GPUs only: it asks SLURM for none
+            "nodes": cfg.openrlhf.nodes,
+            "gpus_per_node": 0 if cfg.openrlhf.cpu else cfg.openrlhf.gpus_per_node,
+        },
         on_ray_cluster=lambda cfg: cfg.openrlhf.nodes > 1,
         command=_openrlhf_command,
     )
