@@ -15,7 +15,9 @@ What it writes (idempotent: the same runs give byte-identical files), every file
     <out>/figures/<sweep>_dynamics.png, delta_sweep.png, judge_executor.png, theory_expected_weight.png, forest.png,
                   pass_at_k.png, clip_depth.png, screening.png (every arm of related / dgg minus hard)
     <out>/report.html                 one static page: claims, forest plot, every figure and table, run counts, issues
-and rewrites the claims block of results/README.md between ``<!-- claims:start -->`` and ``<!-- claims:end -->``.
+and rewrites the claims block of results/README.md between ``<!-- claims:start -->`` and ``<!-- claims:end -->``,
+and every run count in it written as ``<!-- count:KEY -->N<!-- /count -->`` (keys: :data:`COUNT_KEYS`), so no run
+count in that page is typed by hand.
 The outputs of a sweep that has no counted run any more (its ``<sweep>_runs.csv`` is not rewritten) are removed.
 Run folders' logs are read and figures drawn by worker processes (``--jobs``), and each run's parsed logs are kept
 in a cache (``$NSR_CACHE_DIR/analysis``, else ``cache/analysis``; ``--no-cache``) keyed by the files' bytes and the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 import warnings
@@ -61,6 +64,18 @@ OUT_ROOT = REPO_ROOT / "results"
 README = REPO_ROOT / "results" / "README.md"
 """The page whose claims block make_all rewrites (results/README.md; README.md, the repo's door, links to it)."""
 START, END = "<!-- claims:start -->", "<!-- claims:end -->"
+COUNT = re.compile(r"<!-- count:([^ >]*) -->(.*?)<!-- /count -->", re.S)
+"""A generated count in the README: ``<!-- count:KEY -->N<!-- /count -->``; make_all writes N."""
+COUNT_KEYS = {
+    "runs": "distinct runs counted (every table, figure and claim reads these)",
+    "folders": "run folders found under the runs root (copies, incomplete and unfinished runs included)",
+    "spikes": "counted runs with an entropy spike",
+    "spike_runs": "those runs, as a list of `sweep/run_id`",
+    "done:SWEEP": "counted runs of a sweep",
+    "missing:SWEEP": "runs its sweep file defines that have no folder",
+    "expected:SWEEP": "runs its sweep file defines",
+}
+"""The keys a README's count markers may use; SWEEP is the name of a sweep file."""
 README_FIGURES = ("forest", "theory_expected_weight", "rescue_vs_decay_dynamics", "delta_sweep", "judge_executor")
 """Figures shown in the README block, when they exist."""
 PARALLEL_MIN_RUNS = 32
@@ -82,6 +97,51 @@ def table_name(sweep: str) -> str:
 
 class OutputError(ValueError):
     """A path make_all would write is not usable (not a folder, not writable, or outside --out)."""
+
+
+class ReadmeError(OutputError):
+    """The README make_all would rewrite asks for a count it does not know."""
+
+
+def check_readme_counts(readme: Path, sweeps_dir: Path | None = None) -> list[str]:
+    """The count keys of ``readme``'s markers; ReadmeError naming the key and the allowed ones on any unknown key
+    (checked before any run is read)."""
+    from experiments.sweep import SWEEPS_DIR
+
+    names = {p.stem for p in Path(sweeps_dir or SWEEPS_DIR).glob("*.yaml")}
+    keys = [m.group(1) for m in COUNT.finditer(Path(readme).read_text())]
+    for key in keys:
+        kind, _, sweep = key.partition(":")
+        ok = key in COUNT_KEYS if not sweep else f"{kind}:SWEEP" in COUNT_KEYS and sweep in names
+        if not ok:
+            raise ReadmeError(
+                f"{readme}: count marker key {key!r} is not valid; allowed: {', '.join(COUNT_KEYS)} "
+                f"(SWEEP one of {', '.join(sorted(names))})"
+            )
+    return keys
+
+
+def run_counts(summary, rs: RunSet, report: dict, expected: dict) -> dict[str, str]:
+    """Every count a README marker may ask for (:data:`COUNT_KEYS`), as the text make_all writes."""
+    spiked = sorted(summary.loc[summary["entropy_spike"] > 0, "run"].unique()) if "entropy_spike" in summary else []
+    out = {
+        "runs": str(summary["run"].nunique()),
+        "folders": str(len(rs.runs)),
+        "spikes": str(len(spiked)),
+        "spike_runs": ", ".join(f"`{r}`" for r in spiked) or "none",
+    }
+    for sweep in sorted(set(report) | set(expected)):
+        states = report.get(sweep, {})
+        out[f"done:{sweep}"] = str(len(states.get("done", [])))
+        out[f"missing:{sweep}"] = str(len(states.get("missing", [])))
+        out[f"expected:{sweep}"] = str(len(expected[sweep])) if sweep in expected else "?"  # not listable: a note
+    return out
+
+
+def fill_counts(text: str, counts: dict[str, str]) -> str:
+    """``text`` with every count marker's value replaced by ``counts[key]`` (a key without a value, or a sweep whose
+    runs cannot be listed (make_all's notes say why): "?")."""
+    return COUNT.sub(lambda m: f"<!-- count:{m.group(1)} -->{counts.get(m.group(1), '?')}<!-- /count -->", text)
 
 
 def check_out(out: Path) -> Path:
@@ -247,13 +307,16 @@ def readme_block(claims_md: str, fig_dir: Path, readme: Path, n_runs: int, sweep
     return head + claims_md + ("\n" + "\n".join(figs) + "\n" if figs else "")
 
 
-def rewrite_readme(readme: Path, block: str) -> bool:
-    """Replace the text between the claims markers; False (README untouched) when the markers are absent."""
+def rewrite_readme(readme: Path, block: str, counts: dict[str, str] | None = None) -> bool:
+    """Replace the text between the claims markers and, with ``counts``, the value of every count marker outside
+    the block; False (README untouched) when the claims markers are absent."""
     text = readme.read_text()
     if START not in text or END not in text:
         return False
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
+    if counts is not None:
+        head, tail = fill_counts(head, counts), fill_counts(tail, counts)
     write_text(readme, f"{head}{START}\n{block}{END}{tail}")
     return True
 
@@ -277,6 +340,8 @@ def make_all(
     (analysis.load.log_cache_dir(), what the command line uses unless --no-cache); None parses every run. The files
     written depend on neither."""
     out = check_out(Path(out))
+    if readme is not None and Path(readme).is_file():
+        check_readme_counts(readme, sweeps_dir)
     if jobs is None:
         jobs = default_jobs() if len(find_run_dirs(Path(runs))) >= PARALLEL_MIN_RUNS else 1
     with worker_pool(check_jobs(jobs, "--jobs")) as pool:
@@ -347,17 +412,17 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
     files += [write_text(tab("main.md"), main["md"], out), write_text(tab("main.tex"), main["tex"], out)]
 
     claim_list, min_pairs = claims_mod.load_claims()
-    results = claims_mod.evaluate(summary, claim_list, min_pairs)
+    results = claims_mod.evaluate(summary, claim_list, min_pairs, rs=rs)
     claims_md = claims_mod.render(results)
     files.append(write_text(tab("claims.md"), "### The paper's claims on the CPU grid\n\n" + claims_md, out))
     draw(figures.forest, results, fig("forest"), formats=formats)
     post_list, post_pairs = claims_mod.load_claims(claims_mod.POSTHOC_FILE)
-    posthoc = claims_mod.evaluate(summary, post_list, post_pairs)
+    posthoc = claims_mod.evaluate(summary, post_list, post_pairs, rs=rs)
     posthoc_md = claims_mod.render(posthoc, posthoc=True)
     files.append(write_text(tab("posthoc.md"), "### Post-hoc readings of the CPU grid (not planned)\n\n" + posthoc_md,
                             out))  # fmt: skip
     if (summary["sweep"] == collapse.SWEEP).any():  # the pre-registered judge/executor collapse test
-        judged = collapse.judge_collapse(rs)
+        judged = collapse.judge_collapse(rs, sesoi=claims_mod.collapse_sesoi(claim_list, collapse.SWEEP))
         files.append(write_text(tab("judge_collapse.md"), collapse.render(judged), out))
         say(f"judge/executor collapse test (tables/judge_collapse.md): {judged['verdict']}")
     if (summary["sweep"] == "regime_search").any():  # the pre-registered stage-A readout (analysis/regime.yaml)
@@ -374,7 +439,7 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
         files += task.result()
     if readme is not None:
         block = readme_block(claims_md, fig_dir, readme, n_distinct, sweeps)
-        if rewrite_readme(readme, block):
+        if rewrite_readme(readme, block, run_counts(summary, rs, report, expected)):
             files.append(readme)
         else:
             say(f"note: {readme} has no {START} / {END} markers; README not changed")

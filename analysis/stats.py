@@ -153,6 +153,19 @@ def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
     return float(sps.nct.sf(crit, df, nc) + sps.nct.sf(crit, df, -nc))
 
 
+SD_CONFIDENCE = 0.8
+"""Power is computed at the upper one-sided limit of the observed SD at this confidence (:func:`sd_upper`)."""
+
+
+def sd_upper(sd: float, n: int, confidence: float = SD_CONFIDENCE) -> float:
+    """The upper one-sided ``confidence`` limit of a normal SD observed as ``sd`` over ``n`` values (chi-square,
+    n - 1 df): with 3-5 seeds the observed SD alone can be small by luck and would call a design powered that is
+    not. NaN below 2 values."""
+    if n < 2 or not np.isfinite(sd):
+        return math.nan
+    return float(sd * math.sqrt((n - 1) / sps.chi2.ppf(1 - confidence, n - 1)))
+
+
 def paired_differences(a: dict, b: dict) -> tuple[np.ndarray, list]:
     """Differences a[key] - b[key] over the keys both have with finite values (keys: seeds, or seed tuples).
 

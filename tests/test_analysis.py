@@ -506,3 +506,37 @@ def test_one_run_readout_recomputes_from_the_files(tmp_path):
     table = one_run_table(rs, "delta", 0, ["hard", "nsr delta=0.2"])
     assert f"`delta/{run_id}`" in table and "| nsr delta=0.2 | (no run) |" in table
     assert table.endswith("(evals at steps 0 and 50; step windows 1-10 and 41-50)")  # also when the last is missing
+
+
+def test_hard_run_proxies_recompute_from_the_files(tmp_path):
+    """analysis.readings' clip fraction by seed and in-zone clipped mass per token of a regime candidate's hard runs
+    (docs/evidence.md), recomputed here from metrics.jsonl and ratio_bins.jsonl; other arms are not read."""
+    from analysis.readings import hard_run_proxies
+    from analysis.synth import ArmSpec, write_folder
+    from experiments.sweep import expand
+
+    specs = [s for s in expand("regime_a2") if s.meta["point"]["regime"] == "tl44" and s.config.seed in (101, 102)]
+    bins = {101: ([5, 3, 0, 0, 0, 0, 0, 0, 0, 1, 2], [4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6]),
+            102: ([1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 3])}  # fmt: skip
+    clip = {}
+    for spec in specs:
+        folder = tmp_path / "regime_a2" / spec.run_id
+        write_folder(folder, spec.config, dict(spec.meta), ArmSpec())
+        if spec.meta["arm"] != "hard":
+            continue
+        pos, neg = bins[spec.config.seed]
+        rows = [{"step": 1, "delta": 0.2, "executor": "noisy", "pos_clipped": pos, "neg_clipped": neg,
+                 "pos_rescued": [0] * 11, "neg_rescued": [0] * 11, "pos_weight": [0.0] * 11,
+                 "neg_weight": [0.0] * 11}]  # fmt: skip
+        (folder / "ratio_bins.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+        clip[spec.config.seed] = np.mean([m["clip_frac_low"] + m["clip_frac_high"] for m in metrics])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunWarning)
+        (got,) = hard_run_proxies(load_runs(tmp_path))
+    assert (got["sweep"], got["candidate"], got["seeds"], got["delta"]) == ("regime_a2", "tl44", [101, 102], 0.2)
+    assert got["clip_by_seed"] == pytest.approx([clip[101], clip[102]])
+    assert (got["clip_min"], got["clip_max"]) == pytest.approx((min(clip.values()), max(clip.values())))
+    in_zone, total = (9 + 4) + (1 + 4), (11 + 10) + (1 + 7)  # bins 0-9 of both sides / all clipped tokens
+    assert got["in_zone_share"] == pytest.approx(in_zone / total)
+    assert got["in_zone_mass"] == pytest.approx(np.mean(list(clip.values())) * in_zone / total)

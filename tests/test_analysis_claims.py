@@ -235,3 +235,83 @@ def test_a_metric_that_does_not_move_is_untestable_not_a_null():
     (row,) = comparisons(s, t)
     assert not row["untestable"] and row["n"] == 4 and row["mean"] == pytest.approx(1.375)
     assert combine([UNTESTABLE, "inconclusive"]) == UNTESTABLE and combine([UNTESTABLE, "contradicts"]) == "contradicts"
+
+
+def test_an_untestable_row_shows_no_power():
+    """A metric that does not move in either arm is untestable: the row has no power (it used to print 100%), and the
+    claim's power is the smallest over the rows that have one."""
+    s = summary_of({"hard": [0.0] * 4, "nsr": [0.0] * 4}, metric="entropy_spike")
+    s["reward_auc"] = [0.40, 0.42, 0.38, 0.41, 0.41, 0.45, 0.37, 0.43]
+    flat = Comparison(Side("nsr", {}), Side("hard", {}), "entropy_spike", "less", 0.0, 0.41)
+    moves = Comparison(Side("nsr", {}), Side("hard", {}), "reward_auc", "greater", 0.0, 0.01)
+    (res,) = claims.evaluate(s, [claims.Claim("c", "x", "src", "s", (flat, moves))])
+    untestable, tested = res["rows"]
+    assert untestable["verdict"] == claims.UNTESTABLE and math.isnan(untestable["power"])
+    assert 0 < tested["power"] < 1 and res["power"] == tested["power"]
+    cell = claims.render([res]).splitlines()[2].split(" | ")[4]  # the power column of the claim's row
+    assert cell.split("<br>") == ["–", f"{100 * tested['power']:.0f}%"]
+
+
+def test_a_powered_null_outweighs_an_untestable_part():
+    """A claim needs all its parts: a part that saw nothing with 80% power makes it 'not reproduced at this scale'
+    even where another part cannot be tested here; without the powered null it stays 'untestable here'."""
+    from analysis.claims import UNTESTABLE
+
+    assert claims.combine([INCONCLUSIVE, UNTESTABLE, NOT_REPRODUCED]) == NOT_REPRODUCED
+    assert claims.combine([UNTESTABLE, NOT_REPRODUCED, NO_DATA]) == NOT_REPRODUCED
+    assert claims.combine([INCONCLUSIVE, UNTESTABLE]) == UNTESTABLE
+    assert claims.combine([UNTESTABLE, NOT_REPRODUCED, CONTRADICTS]) == CONTRADICTS
+
+
+def test_the_judge_executor_claim_takes_in_the_collapse_test():
+    claim = next(c for c in claims.load_claims()[0] if c.id == "judge_executor")
+    assert claim.collapse == claims.CollapseTest("judge_executor_sigma", 0.1)
+    assert load_sweep(claim.collapse.sweep).arms.keys() >= {"noisy_decision", "clean_decision"}
+    loaded = claims.load_claims()[0]
+    assert claims.collapse_sesoi(loaded, "judge_executor_sigma") == 0.1 and claims.collapse_sesoi(loaded, "x") is None
+    from analysis.collapse import claims_sesoi  # the command line's default: the same value, read as data
+
+    assert claims_sesoi() == 0.1 and claims_sesoi(sweep="delta") is None
+    # without the run folders the collapse rows have no data, one per planned sigma; the claim cannot be decided
+    s = summary_of({"hard": [0.3] * 3})
+    (res,) = claims.evaluate(s, [claim])
+    coll = [r for r in res["rows"] if r.get("kind") == "collapse"]
+    assert [r["a"] for r in coll] == [f"noisy_decision ratio_noise={x}" for x in (0.3, 0.4, 0.5)]
+    assert {r["verdict"] for r in coll} == {NO_DATA} and res["verdict"] == NO_DATA and res["testbed"] == "–"
+    md = claims.render([res])
+    assert "collapse test (pre-registered): late_reward: noisy_decision ratio_noise=0.3" in md
+    assert "in ≥ 3 of 5 seeds (sesoi: mean drop 0.100)" in md and "collapse test: sweep `judge_executor_sigma`" in md
+
+
+@pytest.mark.parametrize(
+    "collapse, match",
+    [
+        ("{sweep: judge_executor_sigma}", r"collapse=.* is not valid; allowed: \{sweep: NAME, sesoi: DROP\}"),
+        ("{sweep: judge_executor_sigma, sesoi: 0}", "collapse.sesoi=0 is not valid; allowed: a number > 0"),
+        ("{sweep: s, sesoi: 0.1, seeds: 5}", "collapse=.* is not valid"),
+    ],
+)
+def test_bad_collapse_entry(tmp_path, collapse, match):
+    p = tmp_path / "claims.yaml"
+    p.write_text(ONE + f"[{{a: n, b: h, metric: m, expect: less, sesoi: 0.1}}], collapse: {collapse}}}]")
+    with pytest.raises(ValueError, match=match):
+        claims.load_claims(p)
+
+
+def test_testbed_is_read_from_the_runs_configs():
+    """The testbed column names the preset, model, task and RL steps of the claim's runs (every sweep it reads)."""
+    from types import SimpleNamespace
+
+    members = pd.DataFrame({"sweep": ["a", "a", "b", "c"], "run": ["r1", "r2", "r3", "r4"],
+                            "preset": ["tiny", "tiny", "tiny-regime", "other"]})  # fmt: skip
+    included = pd.DataFrame({"run": ["r1", "r2", "r3", "r4"], "model.name": ["tiny-gpt2"] * 4,
+                             "model.d_model": [64, 64, 128, 64], "model.n_layer": [2, 2, 4, 2],
+                             "task.name": ["countdown3", "countdown3", "countdown4", "countdown3"],
+                             "train.steps": [400, 400, 400, 30]})  # fmt: skip
+    rs = SimpleNamespace(members=members, included=included)
+    assert claims.testbed(rs, ["a"]) == "`tiny`: tiny-gpt2 d64 x 2 layers, countdown3, 400 RL steps"
+    assert claims.testbed(rs, ["a", "b"]) == (
+        "`tiny`: tiny-gpt2 d64 x 2 layers, countdown3, 400 RL steps; "
+        "`tiny-regime`: tiny-gpt2 d128 x 4 layers, countdown4, 400 RL steps"
+    )
+    assert claims.testbed(rs, ["nope"]) == "–" and claims.testbed(None, ["a"]) == "–"

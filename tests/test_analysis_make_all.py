@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "runs"
-SWEEPS = ("delta", "judge_executor", "rescue_vs_decay")
+SWEEPS = ("delta", "judge_executor", "judge_executor_sigma", "rescue_vs_decay")
 # arm effects (log-odds of solving a problem by the end of training; entropy rebounds)
 EFFECTS = {
     "delta": {
@@ -39,6 +39,11 @@ EFFECTS = {
         "noclip": ArmSpec(skill=-0.5),
     },
     "judge_executor": {
+        "hard": ArmSpec(),
+        "noisy_decision": ArmSpec(skill=-1.2, entropy_spikes=2),
+        "clean_decision": ArmSpec(skill=0.5),
+    },
+    "judge_executor_sigma": {  # the judge_executor claim's collapse test: the noisy arm's reward falls
         "hard": ArmSpec(),
         "noisy_decision": ArmSpec(skill=-1.2, entropy_spikes=2),
         "clean_decision": ArmSpec(skill=0.5),
@@ -175,6 +180,48 @@ def test_readme_block_is_rewritten_in_place(grid):
     assert text.startswith("# Title\n\nintro\n\n<!-- claims:start -->\n") and text.endswith("## Next\ntext\n")
     assert "old block" not in text and "| claim (paper) |" in text
     assert "](out/figures/theory_expected_weight.png)" in text and "delta_sweep.png" in text
+
+
+def test_readme_counts_are_generated(tmp_path, capsys):
+    """Every run count in the README is written by make_all from the runs (count markers), never typed; an unknown
+    key is refused, naming it and the allowed keys, before any run is read."""
+    readme = tmp_path / "README.md"
+    marker = "<!-- count:{} -->{}<!-- /count -->".format
+    readme.write_text(
+        f"All {marker('runs', 291)} runs ({marker('folders', '')} folders); rescue_vs_decay "
+        f"{marker('done:rescue_vs_decay', 1)} of {marker('expected:rescue_vs_decay', 1)}, delta "
+        f"{marker('missing:delta', 1)} of {marker('expected:delta', 1)} missing; {marker('spikes', 4)} spikes: "
+        f"{marker('spike_runs', 'x')}.\n"
+        f"<!-- claims:start -->\nold\n<!-- claims:end -->\nTail: {marker('runs', 0)} runs.\n"
+    )
+    res = make_all.make_all(FIXTURE, tmp_path / "out", readme=readme, quiet=True)
+    s, status = res["summary"], res["status"]["rescue_vs_decay"]
+    spiked = sorted(s.loc[s["entropy_spike"] > 0, "run"].unique())
+    n, folders = s["run"].nunique(), len(load_runs(FIXTURE).runs)
+    text = readme.read_text()
+    assert n >= 9 and folders > n
+    assert text.startswith(
+        f"All {marker('runs', n)} runs ({marker('folders', folders)} folders); rescue_vs_decay "
+        f"{marker('done:rescue_vs_decay', len(status['done']))} of "
+    )
+    # the fixture's preset is not a preset file: its sweep's runs cannot be listed (make_all notes why)
+    assert f"{marker('expected:rescue_vs_decay', '?')}, delta " in text
+    n_delta = len(expand("delta", preset="tiny"))
+    assert f"{marker('missing:delta', n_delta)} of {marker('expected:delta', n_delta)} missing" in text
+    listed = ", ".join(f"`{r}`" for r in spiked) or "none"
+    assert f"{marker('spikes', len(spiked))} spikes: {marker('spike_runs', listed)}" in text
+    assert text.endswith(f"Tail: {marker('runs', n)} runs.\n") and "\nold\n" not in text
+    before = readme.read_bytes()
+    make_all.make_all(FIXTURE, tmp_path / "out", readme=readme, quiet=True)
+    assert readme.read_bytes() == before  # a rerun changes nothing
+    for key in ("run", "done:nosuchsweep", "missing"):
+        bad = tmp_path / "bad.md"
+        bad.write_text(f"{marker(key, 1)}\n<!-- claims:start -->\n<!-- claims:end -->\n")
+        with pytest.raises(make_all.ReadmeError, match=f"count marker key '{key}' is not valid; allowed: runs, fold"):
+            make_all.make_all(FIXTURE, tmp_path / "out2", readme=bad, quiet=True)
+        assert not (tmp_path / "out2" / "tables").exists() and bad.read_text().startswith(marker(key, 1))
+    assert make_all.main(["--runs", str(FIXTURE), "--out", str(tmp_path / "out2"), "--readme", str(bad)]) == 2
+    assert "count marker key 'missing' is not valid" in capsys.readouterr().err
 
 
 def test_readme_without_markers_is_untouched(grid, tmp_path):
