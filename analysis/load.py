@@ -8,7 +8,7 @@
     rs.steps     # one row per (run, step) of metrics.jsonl (or OpenRLHF TensorBoard events): reward_mean, ...
     rs.eval_samples()   # one row per eval sample: run, step, benchmark, problem_id, decoding, sample, correct
     rs.eval_counts()    # per (run, step, benchmark, decoding, problem_id): n samples, c correct (what pass@k needs)
-    rs.ratio_bins()     # per (run, side, bin): clipped / rescued tokens by depth into the rescue zone (tiny runs)
+    rs.ratio_bins()     # per (run, side, bin): clipped / rescued tokens by depth into the rescue zone (token level)
     rs.issues    # what was wrong: failed / running / cancelled runs, missing files, truncated or corrupt lines
 
 Nothing here crashes on a bad folder: a missing config, a failed run, a truncated last line (a crash mid-write)
@@ -126,7 +126,7 @@ class RunSet:
 
     def ratio_bins(self, runs=None) -> pd.DataFrame:
         """Clipped tokens by depth into the rescue zone, summed over the steps of each included run that logged
-        ratio_bins.jsonl (tiny backend, token level): run, delta, executor, side (pos | neg), bin (0..n-1 over
+        ratio_bins.jsonl (nsr.PremiseMeter, token level): run, delta, executor, side (pos | neg), bin (0..n-1 over
         depth [0, 1), n = deeper), clipped, rescued, weight (summed gradient weight of the rescued tokens).
         ``runs``: only these runs (``sweep/run_id``). Each file is read once (by load_runs, with the run's other
         logs); its problems become issues when a call first asks for that run."""

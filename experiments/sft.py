@@ -42,7 +42,8 @@ SFT_BETAS = (0.9, 0.98)  # docs/testbed.md, "Warm start (SFT)"
 def sft_sections(cfg: RunConfig) -> dict:
     """What the warm start depends on: the model and sft sections and the task's name."""
     d = {"model": cfg.model, "sft": cfg.sft}
-    plain = {k: {f.name: getattr(v, f.name) for f in dataclasses.fields(v)} for k, v in d.items()}
+    skip = {"untie_embeddings"}  # a real model's option (always false here): keys stay as before it existed
+    plain = {k: {f.name: getattr(v, f.name) for f in dataclasses.fields(v) if f.name not in skip} for k, v in d.items()}
     return {"version": SFT_VERSION, **plain, "task": {"name": cfg.task.name}}
 
 

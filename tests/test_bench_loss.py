@@ -44,6 +44,18 @@ def test_main_prints_every_rule_with_ratios(level, tmp_path, capsys):
     assert result["setup"]["level"] == level and result["setup"]["repeats"] == 2
 
 
+def test_premise_adds_a_row_of_nsr_with_the_meter(capsys):
+    result = bench_loss.main(["--B", "4", "--T", "64", "--repeats", "2", "--warmup", "1", "--premise"])
+    by_name = {r["name"]: r for r in result["rows"]}
+    assert [r["name"] for r in result["rows"]][-1] == "nsr+premise"  # after every rule, not counted as one
+    assert by_name["nsr+premise"]["clip_frac"] == by_name["nsr"]["clip_frac"] > 0  # the same batch and rule
+    assert by_name["nsr+premise"]["rescue_frac"] == by_name["nsr"]["rescue_frac"]  # the same stream
+    assert "| nsr+premise |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_loss.main(["--premise", "--level", "sequence"])
+    assert "--premise meters token-level ratios" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_command_line(tmp_path):
     """The module runs as a script."""

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from nsr.openrlhf.metrics import REQUIRED
+import nsr
+from nsr.openrlhf.metrics import REQUIRED, premise_row_from_logs
 
 pytest.importorskip("deepspeed", reason="deepspeed==0.19.6 (requirements-cpu.txt) runs the real training step")
 pytestmark = pytest.mark.slow
@@ -92,6 +93,12 @@ def test_metrics_row_from_the_real_status_dict(hard):
     assert row["entropy"] == status["entropy_loss"]  # --actor.entropy_coef 0 here: OpenRLHF's own entropy
     assert abs(status["nsr_entropy_mc"] - status["entropy_loss"]) < 0.5  # the free estimate is close
     assert row["clip_frac"] == status["ppo_clip_ratio"] and out["nsr_rl_step_after"] == 1
+    # the premise meter's counts of the step (8 micro-batches): hard rescues nothing, and its clipped tokens over its
+    # tokens are OpenRLHF's token-weighted mean of the loss's clip fraction
+    bins = premise_row_from_logs(1, status, nsr.LossConfig(rule="hard", eps_low=0.2, eps_high=0.28))
+    clipped = sum(bins["pos_clipped"]) + sum(bins["neg_clipped"])
+    assert clipped > 0 and sum(bins["pos_rescued"]) + sum(bins["neg_rescued"]) == 0
+    assert clipped / status["nsr_premise_tokens"] == pytest.approx(status["nsr_clip_frac"], rel=1e-6)
 
 
 def test_resume_restores_the_rl_step_and_the_weights(model, hard):
@@ -121,6 +128,10 @@ def test_two_zero3_ranks_agree_and_nsr_rescues(model, tmp_path):
     assert {k: (a[k], b[k]) for k in reduced if a[k] != pytest.approx(b[k], rel=1e-6)} == {}
     assert [o["world"] for o in outs] == [2, 2] and [o["loss_rank"] for o in outs] == [0, 1]  # different z
     assert a["nsr_rescue_frac"] > 0  # clipped tokens got a gradient: the rule is in the step
+    bins = premise_row_from_logs(1, a, nsr.LossConfig(rule="nsr", delta=0.5))  # both ranks' counts, summed
+    rescued = [x + y for x, y in zip(bins["pos_rescued"], bins["neg_rescued"])]
+    assert sum(rescued[:-1]) > 0 and rescued[-1] == 0  # rescued inside the zone only
+    assert sum(rescued) / a["nsr_premise_tokens"] == pytest.approx(a["nsr_rescue_frac"], rel=1e-6)
     assert all(o["probe"]["grad_diff"] > 0 for o in outs)  # so it is not PolicyLoss
     assert outs[0]["weights_after"] == outs[1]["weights_after"]  # one model after the step
 

@@ -175,6 +175,11 @@ def test_nsr_run_killed_mid_run_resumes_with_a_sync_and_finishes(tmp_path):
         for key in ("reward_mean", "entropy", "response_len", "policy_loss", "grad_norm", "ppo_kl", "rescue_frac"):
             assert isinstance(r[key], float), (r["step"], key, r[key])
         assert r["lr"] == pytest.approx(1e-3) and r["num_samples"] == 128
+    bins = rows(run_dir / "ratio_bins.jsonl.gz")  # the premise meter, summed over ranks by the actor
+    assert [r["step"] for r in bins] == [1, 2, 3, 4] and all(r["delta"] == 0.2 for r in bins)  # cut and resumed
+    for m, b in zip(metrics, bins):  # rescued tokens exist iff OpenRLHF logged a rescue fraction; none deeper
+        assert (sum(b["pos_rescued"]) + sum(b["neg_rescued"]) > 0) == (m["rescue_frac"] > 0)
+        assert b["pos_rescued"][-1] == b["neg_rescued"][-1] == 0
     resumed = (run_dir / "openrlhf.log").read_text(errors="replace")[log_before:]
     assert "Loading the checkpoint" in resumed
     # vLLM serves the step-2 checkpoint's weights when step 3 is sampled: the resumed process's first sync, before

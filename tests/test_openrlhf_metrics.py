@@ -9,10 +9,13 @@ import math
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from experiments.openrlhf.tensorboard import rows_from_tensorboard
-from nsr.openrlhf.metrics import METRIC_KEYS, REQUIRED, row_from_logs
+import nsr
+from experiments.openrlhf.tensorboard import ratio_bins_from_tensorboard, rows_from_tensorboard
+from nsr.openrlhf.metrics import METRIC_KEYS, REQUIRED, premise_logs, premise_row_from_logs, row_from_logs
 from nsr.openrlhf.reference import openrlhf_root
+from nsr.premise import counts_row
 
 
 def _tb_logger_cls():
@@ -111,3 +114,28 @@ def test_rows_from_tensorboard_resumed_run_keeps_latest_values(tmp_path):
 def test_rows_from_tensorboard_missing_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such TensorBoard log folder"):
         rows_from_tensorboard(tmp_path / "nope")
+
+
+def _counts(step: int) -> torch.Tensor:
+    """Premise-meter counts of a step: integer counts and weights that float32 (TensorBoard) keeps exactly."""
+    counts = torch.arange(66, dtype=torch.float64).reshape(2, 3, 11) + step
+    counts[:, 2] = counts[:, 1] * 0.75
+    return counts
+
+
+def test_premise_counts_travel_through_openrlhfs_log_and_tensorboard(tmp_path):
+    """The actor's premise scalars -> OpenRLHF's log dict -> the ratio_bins.jsonl row, directly and through the event
+    files OpenRLHF's own TensorboardLogger writes; a step without them (a plain run) gives no row."""
+    loss = nsr.LossConfig(rule="nsr", delta=0.3, executor="clean")
+    TensorboardLogger = _tb_logger_cls()
+    args = SimpleNamespace(logger=SimpleNamespace(tensorboard_dir=str(tmp_path), wandb=SimpleNamespace(run_name="r")))
+    tb = TensorboardLogger(args)
+    for step in (1, 2):
+        logs = {**_step_logs(step), **premise_logs(_counts(step).tolist(), 1000.0 + step)}
+        assert premise_row_from_logs(step, logs, loss) == counts_row(_counts(step), step, loss)
+        assert logs["nsr_premise_tokens"] == 1000.0 + step and len([k for k in logs if "premise" in k]) == 67
+        tb.log_train(step, logs)
+    tb.log_train(3, _step_logs(3))
+    tb.close()
+    assert premise_row_from_logs(3, _step_logs(3), loss) is None
+    assert ratio_bins_from_tensorboard(tmp_path, loss) == [counts_row(_counts(s), s, loss) for s in (1, 2)]

@@ -188,7 +188,8 @@ def test_controller_advantages_equal_nsr_compute_advantages(orl, overrides, tmp_
 
 
 def test_controller_writes_one_metrics_row_per_step(orl, tmp_path):
-    from nsr.openrlhf.metrics import row_from_logs
+    from nsr.openrlhf.metrics import premise_logs, row_from_logs
+    from nsr.premise import counts_row
 
     args, settings = _args()
     args.nsr = dataclasses.replace(settings, metrics_path=str(tmp_path / "metrics.jsonl"))
@@ -206,6 +207,17 @@ def test_controller_writes_one_metrics_row_per_step(orl, tmp_path):
     assert (rows[0]["policy_loss"], rows[0]["reward_mean"], rows[0]["rescue_frac"]) == (0.5, 0.25, 0.01)
     assert rows[0]["entropy"] is None and "generated_samples" not in rows[0]  # not logged: null, text dropped
     assert rows[1] == row_from_logs(2, logs)
+    assert not (tmp_path / "ratio_bins.jsonl").exists()  # no premise meter in these logs: no row
+
+    # with the actor's premise scalars (token level), one ratio_bins.jsonl row per step next to metrics.jsonl, with
+    # the run's delta and executor
+    counts = torch.arange(66, dtype=torch.float64).reshape(2, 3, 11)
+    logs = {**logs, **premise_logs(counts.tolist(), 500.0)}
+    for step in (3, 4):
+        controller.save_logs_and_checkpoints(step, logs, {})
+    bins = [json.loads(line) for line in (tmp_path / "ratio_bins.jsonl").read_text().splitlines()]
+    assert bins == [counts_row(counts, step, controller._nsr_loss) for step in (3, 4)]
+    assert (bins[0]["delta"], bins[0]["executor"]) == (settings.loss_config().delta, settings.loss_config().executor)
 
 
 class Loader:

@@ -56,7 +56,8 @@ def _rows(rd: RunDir) -> list[dict]:
 
 def test_run_folder_contract(nsr_run):
     assert nsr_run.state() == "done"
-    assert {"config.yaml", "metrics.jsonl", "eval.jsonl.gz", "status.json"} <= {p.name for p in nsr_run.path.iterdir()}
+    names = {p.name for p in nsr_run.path.iterdir()}
+    assert {"config.yaml", "metrics.jsonl", "eval.jsonl.gz", "ratio_bins.jsonl.gz", "status.json"} <= names
     assert not (nsr_run.path / CHECKPOINT_DIR).exists()  # removed when done (logging.keep_checkpoint false)
     ws = nsr_run.read_config()["meta"]["warm_start"]  # the testbed warm start it trained from: pairs need it
     assert len(ws["sha256"]) == 64 and ws["key"]
@@ -82,6 +83,50 @@ def test_nsr_rescues_and_hard_does_not(nsr_run, hard_run):
     assert all(r["rescue_frac"] <= r["clip_frac"] for r in nsr_rows)
 
 
+def test_ratio_bins_log_what_the_rule_did_with_clipped_tokens(nsr_run, hard_run):
+    """ratio_bins.jsonl (NSRGRPOTrainer's premise meter): one row per RL step in the tiny backend's format; hard keeps
+    no clipped token, nsr rescues only inside the zone with weights in [1 - delta, 1 + delta] per token, and the
+    clipped counts agree with TRL's own clip fractions (both sides clipped somewhere)."""
+    from nsr.premise import counts_row
+
+    bins = {name: read_jsonl(rd.log_path("ratio_bins.jsonl")) for name, rd in (("hard", hard_run), ("nsr", nsr_run))}
+    fields = set(counts_row(torch.zeros(2, 3, 11), 1, nsr.LossConfig()))
+    for name, rows in bins.items():
+        assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(set(r) == fields for r in rows), name
+        assert all(r["delta"] == 0.2 and r["executor"] == "noisy" for r in rows)
+    for side in ("pos", "neg"):
+        assert sum(sum(r[f"{side}_rescued"]) for r in bins["hard"]) == 0
+        assert sum(sum(r[f"{side}_clipped"]) for r in bins["hard"]) > 0
+        rescued = [sum(col) for col in zip(*(r[f"{side}_rescued"] for r in bins["nsr"]))]
+        weight = [sum(col) for col in zip(*(r[f"{side}_weight"] for r in bins["nsr"]))]
+        assert sum(rescued[:-1]) > 0 and rescued[-1] == 0  # deep violations (last bin) are never rescued
+        for k, w in zip(rescued, weight):
+            assert k * (1 - 0.2) * 0.999 <= w <= k * (1 + 0.2) * 1.001
+    for rd, rows in ((hard_run, bins["hard"]), (nsr_run, bins["nsr"])):  # clipped tokens exist iff TRL saw some
+        for m, b in zip(read_jsonl(rd.metrics_path), rows):
+            assert (m["clip_frac_high"] > 0) == (sum(b["pos_clipped"]) > 0)
+            assert (m["clip_frac_low"] > 0) == (sum(b["neg_clipped"]) > 0)
+
+
+def test_analysis_premise_reads_the_trl_folder(nsr_run, capsys):
+    """python -m analysis.premise on a trl run folder: reach from its ratio_bins.jsonl, in-zone mass from its clip
+    fractions (tests/test_analysis_premise.py reads tiny folders and a verl log)."""
+    import numpy as np
+
+    from analysis import premise
+    from analysis.regime import reach_share
+
+    got = premise.read_run(nsr_run.path)
+    assert (got["backend"], got["rule"], got["delta"], got["steps"]) == ("trl", "nsr", 0.2, 4)
+    bins, metrics = read_jsonl(nsr_run.log_path("ratio_bins.jsonl")), read_jsonl(nsr_run.metrics_path)
+    for side, frac in (("pos", "clip_frac_high"), ("neg", "clip_frac_low")):
+        share = reach_share(np.sum([r[f"{side}_clipped"] for r in bins], axis=0))
+        assert got[f"{side}_reach"] == share and 0 < share <= 1
+        clip = np.mean([r[frac] for r in metrics])
+        assert got[f"{side}_zone_per_token"] == pytest.approx(clip * share, rel=1e-12)
+    assert premise.main([str(nsr_run.path)]) == 0 and f"| {nsr_run.path} | trl | nsr |" in capsys.readouterr().out
+
+
 def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
     """Killed after RL step 3 (its checkpoint is at step 2): the rerun resumes from TRL's checkpoint, cuts the logs
     back to step 2 and ends with the rows of the uninterrupted run."""
@@ -95,6 +140,7 @@ def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
     assert rd.state() == "done"
     assert _rows(rd) == _rows(nsr_run)
     assert read_jsonl(rd.eval_path) == read_jsonl(nsr_run.eval_path)
+    assert read_jsonl(rd.log_path("ratio_bins.jsonl")) == read_jsonl(nsr_run.log_path("ratio_bins.jsonl"))
 
 
 @pytest.mark.parametrize("agg, loss_type", [("token-mean", "dapo"), ("seq-mean-token-mean", "grpo")])

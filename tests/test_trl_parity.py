@@ -180,17 +180,43 @@ def test_eval_on_start_as_trl(models, tmp_path):
     assert "eval_nsr/clip_frac" in got[0]
 
 
-@pytest.mark.parametrize("scale_rewards", ["none", "batch", False])
-def test_scale_rewards_is_refused(models, tmp_path, scale_rewards):
-    """TRL's advantage scaling is replaced by nsr.compute_advantages by design: anything but TRL's default is refused
-    before any model work, naming the option and what to use instead."""
+@pytest.mark.parametrize("scale_rewards", ["none", "batch", False, "group"])
+def test_scale_rewards_maps_onto_the_kits_advantages(models, tmp_path, scale_rewards):
+    """TRL's scale_rewards is honoured through nsr.compute_advantages (nsr.trl.scaled_advantages): the advantages the
+    trainer computes equal TRL's formula (grpo_trainer.py: R - group mean, then / (group std or batch std + eps)) with
+    the kit's eps 1e-9 for TRL's 1e-4."""
+    from nsr.trl.trainer import scaled_advantages
+
     args = grpo_args(tmp_path, scale_rewards=scale_rewards)
-    want = rf"GRPOConfig\.scale_rewards='{args.scale_rewards}' is not valid with NSRGRPOTrainer; allowed: 'group'"
-    with pytest.raises(ValueError, match=want + r".*by design.*advantages=nsr\.AdvantageConfig\(kind=\.\.\.\)"):
-        NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=loss_of(args))
-    ok = grpo_args(tmp_path, scale_rewards=True)  # True is TRL's "group"
-    NSRGRPOTrainer(model=models["dense"], reward_funcs=models["reward"], args=ok, loss=loss_of(ok),
-                   train_dataset=trl_trainer_data())  # fmt: skip
+    kit = NSRGRPOTrainer(model=models["dense"], reward_funcs=models["reward"], args=args, loss=loss_of(args),
+                         train_dataset=trl_trainer_data())  # fmt: skip
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.5, 0.25])
+    groups = torch.arange(9) // 3
+    adv = nsr.compute_advantages(rewards, groups, kit.nsr_advantages)
+    adv = adv / (rewards.std() + 1e-9) if kit.nsr_batch_scale else adv
+    grouped = rewards.view(-1, 3)
+    want = rewards - grouped.mean(1).repeat_interleave(3)
+    if args.scale_rewards == "group":
+        want = want / (grouped.std(1).repeat_interleave(3) + 1e-9)
+    elif args.scale_rewards == "batch":
+        want = want / (rewards.std() + 1e-9)
+    assert torch.allclose(adv, want, atol=1e-6) and adv.abs().sum() > 0
+    assert scaled_advantages(args.scale_rewards, nsr.AdvantageConfig()) == (kit.nsr_advantages, kit.nsr_batch_scale)
+
+
+CONTRADICTIONS = [("none", "positive_only", 0.0), ("batch", "random_reward", 0.0), ("batch", "group_norm", 0.1)]
+
+
+@pytest.mark.parametrize(("scale_rewards", "kind", "noise"), CONTRADICTIONS)
+def test_scale_rewards_that_contradicts_the_advantages_is_refused(scale_rewards, kind, noise, tmp_path):
+    """Before any model work, naming both options and what is allowed."""
+    args = grpo_args(tmp_path, scale_rewards=scale_rewards)
+    want = (
+        rf"scale_rewards='{scale_rewards}' is not valid with advantages.kind='{kind}'.*allowed: scale_rewards='group'"
+    )
+    with pytest.raises(ValueError, match=want):
+        NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=loss_of(args),
+                       advantages=nsr.AdvantageConfig(kind=kind, noise=noise))  # fmt: skip
 
 
 def trl_trainer_data():

@@ -25,9 +25,9 @@ v1.9.0 (1.10.0.dev0, commit f2cd577); its tests were adapted and checked against
   dataset is the Zen of Python from the standard library (tests/trl_tiny.py);
 * every trainer is ``NSRGRPOTrainer`` with ``loss=nsr.LossConfig(rule="hard", ...)`` matching the GRPOConfig's trust
   region (TRL's default epsilon_high is epsilon), on CPU, seeded, one optimizer step unless a test needs more;
-* a TRL option the kit refuses by design (loss types other than dapo / grpo, scale_rewards other than group,
-  normalize_then_sum, delta, the off-policy and entropy masks, adaptive entropy) is tested for its refusal, named in
-  the error, before any model work; TRL's cispo and sapo loss types run as ``loss.rule`` cispo / sapo.
+* a TRL option the kit refuses by design (loss types other than dapo / grpo, normalize_then_sum, delta, the
+  off-policy and entropy masks, adaptive entropy) is tested for its refusal, named in the error, before any model
+  work; TRL's cispo and sapo loss types run as ``loss.rule`` cispo / sapo.
 
 Upstream tests not adapted, each with its reason: :data:`LEFT_OUT` (a test checks the list is complete).
 """
@@ -654,13 +654,13 @@ def test_train_normalize_then_sum_aggregation(models, tmp_dir):
 
 @pytest.mark.parametrize("scale_rewards", [False, "group", "batch", True, "none"])
 def test_train_scale_rewards(models, tmp_dir, scale_rewards):
-    """group (and True) train; the others are refused: the kit's advantages.kind replaces TRL's scaling."""
+    """Every value trains, mapped onto the kit's advantages (nsr.trl.scaled_advantages): group (and True) keeps
+    group_norm, none (and False) is no_std, batch is no_std over the batch's reward std."""
     args = args_(tmp_dir, scale_rewards=scale_rewards)
-    if args.scale_rewards != "group":
-        with pytest.raises(ValueError, match=r"GRPOConfig\.scale_rewards=.* is not valid.*advantages\.kind|kind="):
-            trainer_(models, args)
-        return
-    train_and_check(trainer_(models, args))
+    trainer = trainer_(models, args)
+    kind = "group_norm" if args.scale_rewards == "group" else "no_std"
+    assert (trainer.nsr_advantages.kind, trainer.nsr_batch_scale) == (kind, args.scale_rewards == "batch")
+    train_and_check(trainer)
 
 
 EOS = trl_tiny.VOCAB - 1

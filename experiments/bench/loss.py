@@ -30,6 +30,7 @@ Commands:
     python -m experiments.bench.loss --level sequence                 # the GSPO variants
     python -m experiments.bench.loss --verl --threads 1 --clock cpu   # + verl's clip_cov / kl_cov next to ours
     python -m experiments.bench.loss --tiny-step --steps 120 --threads 1 --clock cpu   # RL step, nsr vs hard
+    python -m experiments.bench.loss --premise --threads 1 --clock cpu   # + nsr with the premise meter (nsr+premise)
 """
 
 from __future__ import annotations
@@ -156,6 +157,22 @@ def build_cases(old, adv, mask, level: str, seed: int = 0) -> list[Case]:
     return cases
 
 
+def premise_case(old, adv, mask, seed: int = 0) -> Case:
+    """``nsr`` (token level) with the premise meter on: the rule's step plus ``nsr.PremiseMeter.add`` (its autograd
+    gradient through the loss and its counts), as a trainer runs it on every update."""
+    cfg = rule_config("nsr", "token")
+    gen = torch.Generator().manual_seed(seed)
+    meter = nsr.PremiseMeter(cfg)
+
+    def step(logp):
+        loss_tok, metrics = nsr.policy_loss(logp, old, adv, mask, cfg, generator=gen)
+        meter.add(loss_tok, logp, adv, mask, old_log_probs=old)
+        nsr.aggregate(loss_tok, mask, "token-mean").backward()
+        return metrics
+
+    return Case("nsr+premise", step)
+
+
 def time_cases(
     cases: list[Case], logp: torch.Tensor, repeats: int, warmup: int, clock: str = "wall", seed: int = 0
 ) -> dict[str, list[float]]:
@@ -201,6 +218,8 @@ def measure(args) -> dict:
     cases = build_cases(old, adv, mask, args.level, seed=args.seed)
     if args.verl:
         cases += verl_cases(old, adv, mask)
+    if args.premise:
+        cases.append(premise_case(old, adv, mask, seed=args.seed))
     times = time_cases(cases, logp, args.repeats, args.warmup, args.clock, seed=args.seed)
     rows = []
     for case in cases:
@@ -242,7 +261,7 @@ def format_table(result: dict) -> str:
     s = result["setup"]
     hard = next(r for r in result["rows"] if r["name"] == "hard")
     unit = "tokens" if s["level"] == "token" else "sequences"
-    rules = [r for r in result["rows"] if r["name"] != "openrlhf" and not r["name"].startswith("verl:")]
+    rules = [r for r in result["rows"] if r["name"] in nsr.RULES]
     worst = max(rules, key=lambda r: r["vs_openrlhf"])
     lines = [
         f"B={s['B']} T={s['T']} {s['dtype']} level={s['level']} threads={s['threads']} torch {s['torch']}; "
@@ -377,6 +396,9 @@ def parse_args(argv=None):
         help="also time verl 0.9.1's own clip_cov and kl_cov losses (token level; verl installed) and print our "
         "Clip-Cov / KL-Cov against them",
     )
+    p.add_argument(
+        "--premise", action="store_true", help="also time nsr with the premise meter on (nsr.PremiseMeter; token level)"
+    )
     p.add_argument("--steps", type=int, default=120, help="--tiny-step: timed steps per rule (default 120)")
     p.add_argument("--warmup-steps", type=int, default=3, help="--tiny-step: untimed steps first (default 3)")
     p.add_argument("--preset", default=str(TINY_PRESET), help="--tiny-step: the run config (default tiny.yaml)")
@@ -395,6 +417,8 @@ def parse_args(argv=None):
         p.error(f"--threads must be >= 1, got {args.threads}")
     if args.clock == "cpu" and args.threads != 1:
         p.error("--clock cpu counts this thread only, so it needs --threads 1")
+    if args.premise and args.level != "token":
+        p.error("--premise meters token-level ratios; it needs --level token")
     if args.verl and args.level != "token":
         p.error("--verl compares the token-level Clip-Cov and KL-Cov; it needs --level token")
     if args.tiny_step and not Path(args.preset).is_file():

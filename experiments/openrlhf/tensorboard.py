@@ -5,13 +5,14 @@ same rows from event files: a cluster run that only kept TensorBoard, or a plain
 
     from experiments.openrlhf.tensorboard import rows_from_tensorboard
     rows = rows_from_tensorboard("results/runs/main/<run_id>/tensorboard")   # list of rows, by step
+    bins = ratio_bins_from_tensorboard("results/runs/main/<run_id>/tensorboard", cfg.loss)  # ratio_bins.jsonl rows
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from nsr.openrlhf.metrics import TB_PREFIX, row_from_logs
+from nsr.openrlhf.metrics import TB_PREFIX, premise_row_from_logs, row_from_logs
 
 
 def _event_dirs(logdir: Path) -> list[Path]:
@@ -62,4 +63,16 @@ def rows_from_tensorboard(logdir: str | Path) -> list[dict]:
         row = row_from_logs(step, train)
         row["wall_time"] = max(w for t, (w, _) in tags.items() if t.startswith(TB_PREFIX))
         rows.append(row)
+    return rows
+
+
+def ratio_bins_from_tensorboard(logdir: str | Path, loss) -> list[dict]:
+    """ratio_bins.jsonl rows (sorted by step) rebuilt from the premise meter's ``train/nsr_premise_*`` scalars
+    (nsr.openrlhf.metrics.premise_row_from_logs); ``loss``: the run's nsr.LossConfig (delta, executor). Steps without
+    them (sequence level, a plain OpenRLHF run) give no row."""
+    rows = []
+    for step, tags in sorted(read_scalars(logdir).items()):
+        row = premise_row_from_logs(step, {t: v for t, (_, v) in tags.items() if t.startswith(TB_PREFIX)}, loss)
+        if row is not None:
+            rows.append(row)
     return rows

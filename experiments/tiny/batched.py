@@ -52,7 +52,6 @@ from experiments.threads import set_threads
 from experiments.tiny.batched_model import WTE, BatchedAdamW, BatchedGPT2, MemberView, clip_grad_norms
 from experiments.tiny.rewards import train_rewards
 from experiments.tiny.train import (
-    RatioBins,
     checkpoint_due,
     eval_due,
     load_checkpoint,
@@ -61,6 +60,7 @@ from experiments.tiny.train import (
     step_row,
 )
 from nsr.gating import GradientGate
+from nsr.premise import PremiseMeter, token_ratio
 from nsr.seeds import generator
 
 SHARED = ("backend", "model", "task.name", "rollout", "train.steps", "train.epochs", "train.minibatches", "eval")
@@ -201,12 +201,12 @@ def batch_rl_step(
     # updates: each member's own minibatch order and loss generator; one batched forward and backward per update
     perms: dict[int, list[tuple[torch.Tensor, ...]]] = {}
     g_loss: dict[int, torch.Generator] = {}
-    bins: dict[int, RatioBins | None] = {}
+    bins: dict[int, PremiseMeter | None] = {}
     for s in live:
         g_shuffle = generator(cfgs[s].seed, step, "shuffle")
         perms[s] = [torch.randperm(N, generator=g_shuffle).chunk(tr0.minibatches) for _ in range(tr0.epochs)]
         g_loss[s] = generator(cfgs[s].seed, step, "loss", device=dev)
-        bins[s] = RatioBins(cfgs[s].loss) if cfgs[s].loss.level == "token" else None
+        bins[s] = PremiseMeter(cfgs[s].loss, device=dev) if cfgs[s].loss.level == "token" else None
     with_ent = any(cfgs[s].train.entropy_coef > 0 for s in live)
     n_mb = N // tr0.minibatches
     filler = torch.arange(n_mb)
@@ -231,9 +231,7 @@ def batch_rl_step(
                     loss_tok, met = nsr.policy_loss(lp, old_all[s], adv[s][mb], m, cfg.loss, generator=g_loss[s])
                     r = None
                     if bins[s] is not None:
-                        with torch.no_grad():
-                            lim = nsr.LOG_RATIO_CLAMP
-                            r = torch.exp((lp.detach() - old_all[s]).clamp(-lim, lim))
+                        r = token_ratio(lp, old_all[s])
                         tok.append((s, loss_tok, r, adv[s][mb], m))
                     pg_loss = nsr.aggregate(loss_tok, m, tr.agg_mode)
                     loss = pg_loss
@@ -253,10 +251,8 @@ def batch_rl_step(
             if tok:  # d loss_t / d log pi_t of every token-level member at once (members do not mix)
                 (grad,) = torch.autograd.grad(sum(t[1].sum() for t in tok), logp, retain_graph=True)
                 for s, loss_tok, r, a, m in tok:
-                    try:
-                        parts = (loss_tok.detach(), logp[s].detach(), r, a, m, grad[s])
-                        *args, g = parts if on_cpu else (t.cpu() for t in parts)  # the bins' counts live on the CPU
-                        bins[s].add(*args, grad=g)
+                    try:  # the counts stay on the model's device until the step's row (no sync per update)
+                        bins[s].add(loss_tok.detach(), logp[s].detach(), a, m, ratio=r, grad=grad[s])
                     except Exception as e:
                         failures.catch(s, e)
             model.zero_grad()

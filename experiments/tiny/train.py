@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
@@ -38,6 +39,7 @@ from experiments.tasks.countdown import Task, get_task
 from experiments.threads import set_threads
 from experiments.tiny.rewards import train_rewards
 from nsr.gating import GradientGate
+from nsr.premise import token_ratio
 from nsr.seeds import generator
 
 LOSS_METRICS = {"approx_kl": "ppo_kl"}
@@ -55,7 +57,7 @@ def rl_step(
     gate: GradientGate | None = None,
 ) -> tuple[dict, dict | None]:
     """One rollout and its minibatch updates; returns the metrics row (without wall_s) and, at token level,
-    the step's ratio_bins.jsonl row (:class:`RatioBins`). ``gate``: Dynamic Gradient Gating (train.dgg)."""
+    the step's ratio_bins.jsonl row (:class:`nsr.PremiseMeter`). ``gate``: Dynamic Gradient Gating (train.dgg)."""
     ro, tr = cfg.rollout, cfg.train
     P, G = ro.prompts_per_step, ro.samples_per_prompt
     g_roll = generator(cfg.seed, step, "rollout")
@@ -80,7 +82,7 @@ def rl_step(
     model.train()
     g_shuffle, g_loss = generator(cfg.seed, step, "shuffle"), generator(cfg.seed, step, "loss")
     n = len(ids)
-    bins = RatioBins(cfg.loss) if cfg.loss.level == "token" else None
+    bins = nsr.PremiseMeter(cfg.loss) if cfg.loss.level == "token" else None
     acc: dict[str, float] = {}
     per_update: dict[str, list[float]] = {k: [] for k in nsr.METRIC_KEYS}  # reduced by nsr.METRIC_REDUCE
     update = 0
@@ -89,11 +91,9 @@ def rl_step(
             m = mask[mb]
             logp, mb_ent = logprobs(model, prompts[mb], comps[mb], ro.temperature, with_entropy=tr.entropy_coef > 0)
             loss_tok, met = nsr.policy_loss(logp, old_logp[mb], adv[mb], m, cfg.loss, generator=g_loss)
-            if bins is not None:  # token level: the token ratios, for the bins and ratio_out_frac
-                with torch.no_grad():
-                    lim = nsr.LOG_RATIO_CLAMP
-                    r = torch.exp((logp.detach() - old_logp[mb]).clamp(-lim, lim))
-                bins.add(loss_tok, logp, r, adv[mb], m)
+            if bins is not None:  # token level: the token ratios, for the premise meter and ratio_out_frac
+                r = token_ratio(logp, old_logp[mb])
+                bins.add(loss_tok, logp, adv[mb], m, ratio=r)
             pg_loss = nsr.aggregate(loss_tok, m, tr.agg_mode)
             loss = pg_loss
             if tr.entropy_coef > 0:
@@ -187,53 +187,6 @@ def step_row(step, cfg, rewards, trained, adv, comps, mask, ent, acc, per_update
     }
 
 
-class RatioBins:
-    """Per-step counts of clipped tokens by depth into NSR's rescue zone, and what the rule did with them.
-
-    Depth (nsr.theory.rescue_depth) is 0 at the clip boundary and 1 at the far edge of the rescue zone of
-    ``loss.delta``; N_BINS equal bins over [0, 1) plus one for deeper violations, per advantage sign. For each bin:
-    ``clipped`` tokens, ``rescued`` ones (clipped tokens that still get a gradient) and ``weight`` (the sum of
-    their gradient relative to the unclipped one, d loss / d log pi / (-A r)), measured from the loss's own
-    gradient, so the analysis compares the observed rescue rate and weight with nsr.expected_weight.
-    """
-
-    N_BINS = 10
-
-    def __init__(self, cfg: nsr.LossConfig):
-        self.cfg = cfg
-        shape = (2, 3, self.N_BINS + 1)  # side (pos, neg) x (clipped, rescued, weight) x bin
-        self.acc = torch.zeros(shape, dtype=torch.float64)
-
-    def add(self, loss_tok, logp, r, adv, mask, grad: torch.Tensor | None = None) -> None:
-        """One minibatch: ``r`` the token ratios exp(clamp(logp - old, -20, 20)), detached. ``grad``: d loss_t /
-        d log pi_t if the caller has it (the batched trainer takes it for all runs at once), else taken here."""
-        if grad is None:
-            (grad,) = torch.autograd.grad(loss_tok.sum(), logp, retain_graph=True)  # d loss_t / d log pi_t, exact
-        with torch.no_grad():
-            adv = adv.reshape(len(adv), -1).expand_as(logp)  # one advantage per response, over its tokens
-            clipped = mask & nsr.theory.is_clipped(r, adv, self.cfg)
-            depth = nsr.theory.rescue_depth(r, adv, self.cfg)
-            b = (depth * self.N_BINS).floor().clamp(0, self.N_BINS).long()
-            n = self.N_BINS + 1
-            for side, sel in enumerate((clipped & (adv > 0), clipped & (adv < 0))):
-                kept = sel & (grad != 0)
-                b_kept = b[kept]
-                weight = (grad[kept] / (-adv[kept] * r[kept])).double()
-                self.acc[side, 0] += torch.bincount(b[sel], minlength=n)
-                self.acc[side, 1] += torch.bincount(b_kept, minlength=n)
-                self.acc[side, 2] += torch.bincount(b_kept, weights=weight, minlength=n)
-
-    def row(self, step: int) -> dict:
-        out = {"step": step, "delta": self.cfg.delta, "executor": self.cfg.executor}
-        for side, name in enumerate(("pos", "neg")):
-            for j, what in enumerate(("clipped", "rescued", "weight")):
-                vals = self.acc[side, j]
-                out[f"{name}_{what}"] = (
-                    [round(v, 6) for v in vals.tolist()] if what == "weight" else [int(v) for v in vals.tolist()]
-                )
-        return out
-
-
 def _add(acc: dict, key: str, value: float) -> None:
     acc[key] = acc.get(key, 0.0) + value
 
@@ -269,11 +222,20 @@ def checkpoint_due(cfg: RunConfig, step: int) -> bool:
     return bool(every and step % every == 0 and step < last) or (step == last and cfg.logging.keep_checkpoint)
 
 
-def train(cfg: RunConfig, rd: RunDir, progress: bool = True, *, dtype: torch.dtype | None = None) -> None:
+def train(
+    cfg: RunConfig,
+    rd: RunDir,
+    progress: bool = True,
+    *,
+    dtype: torch.dtype | None = None,
+    before_step: Callable[[int, torch.nn.Module, torch.optim.Optimizer], None] | None = None,
+) -> None:
     """Run ``cfg`` on the tiny backend into ``rd``, resuming from ``rd.checkpoint_path`` if it exists.
 
     ``dtype``: tests only (None = float32, what every run uses): float64 for the engine-equivalence test of the
-    batched trainer (tests/test_batched.py)."""
+    batched trainer (tests/test_batched.py). ``before_step(step, model, optimizer)``: called before each RL step
+    with the run's state after step - 1 (experiments.mechanism_probe tests rules there); it must leave both
+    unchanged."""
     set_threads()
     progress = progress and cfg.logging.progress
     task = get_task(cfg.task.name)
@@ -306,6 +268,8 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True, *, dtype: torch.dty
         total=tr.steps, initial=start, desc=f"tiny {cfg.loss.rule} (sft {sft_key(cfg)[:6]})", disable=not progress
     )
     for step in range(start + 1, tr.steps + 1):
+        if before_step is not None:
+            before_step(step, model, opt)
         t0 = time.perf_counter()
         row, bins = rl_step(model, opt, task, cfg, step, ref, gate)
         row["wall_s"] = time.perf_counter() - t0

@@ -10,7 +10,9 @@ from experiments.tasks.countdown import check_task_fits
 
 TINY_MODELS = ("tiny-qwen2",)
 """Models built in code on the tiny testbed's vocabulary; any other model.name is a HF model id or local path."""
-TASKS = ("countdown3", "add3", "math")
+TASKS = ("countdown3", "add3", "math", "arithmetic")
+HF_TASKS = ("math", "arithmetic")
+"""Tasks of a HF model: math (prompt files made by experiments.openrlhf.data), arithmetic (generated on first use)."""
 
 
 def check_config(cfg) -> None:
@@ -21,10 +23,16 @@ def check_config(cfg) -> None:
     ro, tr = cfg.rollout, cfg.train
     tiny = cfg.model.name in TINY_MODELS
     check_field("task", "name", cfg.task.name in TASKS, ", ".join(TASKS), cfg.task.name)
-    if tiny or cfg.task.name != "math":
-        allowed = f"{', '.join(TINY_MODELS)} with task countdown3 / add3; a HF model with task math"
-        check_field("model", "name", tiny and cfg.task.name != "math", allowed, cfg.model.name)
+    if tiny or cfg.task.name not in HF_TASKS:
+        allowed = f"{', '.join(TINY_MODELS)} with task countdown3 / add3; a HF model with task {' / '.join(HF_TASKS)}"
+        check_field("model", "name", tiny and cfg.task.name not in HF_TASKS, allowed, cfg.model.name)
         check_task_fits(cfg, TINY_TASKS[cfg.task.name])
+    elif cfg.task.name == "arithmetic":  # generated on first use: no train_data
+        from experiments.tasks.arithmetic import check_task
+
+        check_task(cfg.task)
+        allowed = "'' (the arithmetic task writes its own files)"
+        check_field("task", "train_data", not cfg.task.train_data, allowed, cfg.task.train_data)
     else:
         check_field("task", "train_data", bool(cfg.task.train_data), "a prompt JSONL (experiments.openrlhf.data)", "")
     samples = ro.prompts_per_step * ro.samples_per_prompt

@@ -9,7 +9,8 @@ so K = minibatches x epochs optimizer steps per RL step and ``max_steps`` = trai
 optimizer steps, i.e. once per RL step, averaging its metrics over the step: each log becomes one metrics.jsonl row.
 
 Run folder (experiments/rundir.py): config.yaml and status.json by ``experiments.run``; metrics.jsonl per RL step
-(the clip and rescue fractions of nsr.METRIC_KEYS, as the tiny backend names them); eval.jsonl at step 0, every
+(the clip and rescue fractions of nsr.METRIC_KEYS, as the tiny backend names them); ratio_bins.jsonl per RL step at
+token level (NSRGRPOTrainer's premise meter, nsr.premise, the tiny backend's format); eval.jsonl at step 0, every
 eval.every steps and at the last step, with per-sample labels (tiny tasks: the testbed's evaluator and eval set;
 math: the offline evaluator's benchmarks and scorer); TRL's checkpoints in ``trl_checkpoints/`` every
 logging.checkpoint_every RL steps. A folder with a checkpoint resumes from the latest one (TRL restores model,
@@ -27,6 +28,7 @@ import torch
 
 from experiments.config import RunConfig
 from experiments.rundir import RunDir
+from experiments.trl.checks import HF_TASKS
 
 CHECKPOINT_DIR = "trl_checkpoints"
 
@@ -125,22 +127,38 @@ def _tiny_parts(cfg: RunConfig, progress: bool):
 
 
 def _math_parts(cfg: RunConfig, progress: bool):
-    """(model, tokenizer, dataset, reward function, evaluate) for a HF model on the math prompt files made by
-    ``python -m experiments.openrlhf.data`` (the OpenRLHF backend's data and scorer)."""
+    """(model, tokenizer, dataset, reward function, evaluate) for a HF model (experiments.models.smollm2.load) on the
+    math prompt files made by ``python -m experiments.openrlhf.data`` or the generated arithmetic task
+    (experiments.tasks.arithmetic), scored by the kit's math reward."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from experiments.evaluation.math import eval_rows, load_benchmark
+    from experiments.models.smollm2 import load
     from experiments.rewards.math import score
     from experiments.rundir import read_jsonl
 
-    tok = AutoTokenizer.from_pretrained(cfg.model.name)
     dtype = torch.bfloat16 if cfg.trl.bf16 and torch.cuda.is_available() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.name, dtype=dtype)
-    rows = read_jsonl(Path(cfg.task.train_data))
+    model, tok, model.model_info = load(cfg.model.name, untie=cfg.model.untie_embeddings, dtype=dtype)
+    if cfg.task.name == "arithmetic":  # generated on first use; prompts are chats already
+        from experiments.tasks.arithmetic import write_files
 
-    def prompt(text: str):
-        return [{"role": "user", "content": text}] if cfg.task.chat_template else text
+        files = write_files(cfg.task)
+        rows = read_jsonl(files["train"])
+        held_out = read_jsonl(files["eval"])[: cfg.eval.n_prompts]
+
+        def benchmarks():
+            return [("arithmetic", held_out)] if held_out else []
+
+        def prompt(p):
+            return p
+    else:
+        rows = read_jsonl(Path(cfg.task.train_data))
+
+        def benchmarks():
+            return [(name, load_benchmark(cfg, name)) for name in cfg.task.eval_benchmarks]
+
+        def prompt(p):
+            return [{"role": "user", "content": p}] if cfg.task.chat_template else p
 
     data = Dataset.from_dict({"prompt": [prompt(r["prompt"]) for r in rows], "label": [r["label"] for r in rows]})
 
@@ -152,8 +170,7 @@ def _math_parts(cfg: RunConfig, progress: bool):
         from experiments.trl.generate import sample_texts
 
         out = []
-        for name in cfg.task.eval_benchmarks:
-            problems = load_benchmark(cfg, name)
+        for name, problems in benchmarks():
             prompts = [prompt(p["prompt"]) for p in problems]
             for decoding, texts in sample_texts(model, tok, prompts, cfg, step).items():
                 out += eval_rows(step, name, problems, texts, decoding)
@@ -199,6 +216,29 @@ def latest_checkpoint(rd: RunDir) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
+MODEL_RECORD = "model.json"
+"""In ``trl_checkpoints/``: the model identity a run started from (meta.model), kept for its resumes."""
+
+
+def _record_model(rd: RunDir, info: dict) -> None:
+    """meta.model in config.yaml (gguf_sha256, weights_sha256, untied, name); a run with checkpoints refuses to resume
+    from other weights than those it started from (ModelSourceError)."""
+    import json
+
+    from experiments.models.smollm2 import check_resume
+
+    meta = {k: info[k] for k in ("name", "gguf_sha256", "weights_sha256", "untied")}
+    record = rd.path / CHECKPOINT_DIR / MODEL_RECORD
+    if latest_checkpoint(rd) is not None and record.is_file():
+        check_resume(json.loads(record.read_text()), meta, rd.path)
+    elif latest_checkpoint(rd) is None:
+        shutil.rmtree(rd.path / CHECKPOINT_DIR, ignore_errors=True)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(meta, indent=1) + "\n")
+    if rd.config_path.exists():
+        rd.update_meta(model=meta)
+
+
 def check_runnable(cfg: RunConfig) -> None:
     """The checks the run makes at its start, without a model: the GRPOConfig it builds and NSRGRPOTrainer's refusals
     of that config (nsr.trl). ConfigError naming the option and what is allowed."""
@@ -225,17 +265,21 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    parts = _tiny_parts if cfg.task.name != "math" else _math_parts
+    parts = _math_parts if cfg.task.name in HF_TASKS else _tiny_parts
     model, tok, data, reward, run_eval = parts(cfg, progress)
     info = getattr(model, "warm_start_info", None)
     if info is not None and rd.config_path.exists():  # a model trained from a testbed warm start: pairs need its hash
         from experiments.sft import record_warm_start
 
         record_warm_start(rd, cfg, info)
+    model_info = getattr(model, "model_info", None)
+    if model_info is not None:  # a HF model: what it starts from (meta.model), checked again on resume
+        _record_model(rd, model_info)
     k = optimizer_steps_per_rl_step(cfg)
 
     class RunFolder(TrainerCallback):
-        """Writes TRL's per-RL-step log as a metrics.jsonl row, and the eval due at that step."""
+        """Writes TRL's per-RL-step log as a metrics.jsonl row (and the premise meter's as a ratio_bins.jsonl row),
+        and the eval due at that step."""
 
         def __init__(self):
             self.t0 = time.perf_counter()
@@ -246,6 +290,11 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
             step = state.global_step // k
             wall = time.perf_counter() - self.t0
             rd.append("metrics.jsonl", [_metrics_row(step, logs, wall)])
+            if trainer.premise_counts is not None:  # the premise meter's counts of this RL step (token level)
+                from nsr.premise import counts_row
+
+                rd.append("ratio_bins.jsonl", [counts_row(trainer.premise_counts, step, cfg.loss)])
+                trainer.premise_counts = None
             if _eval_due(cfg, step):
                 rd.append("eval.jsonl", run_eval(trainer.model, step))
             if stop_after is not None and step >= stop_after:
@@ -284,7 +333,9 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
     trainer, run_eval = build_trainer(cfg, rd, progress, stop_after)
     resume = latest_checkpoint(rd)
     if resume is None:
-        shutil.rmtree(rd.path / CHECKPOINT_DIR, ignore_errors=True)
+        for p in (rd.path / CHECKPOINT_DIR).glob("*"):  # a fresh start: nothing but the model record stays
+            if p.name != MODEL_RECORD:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
         rd.reset_logs()
         rd.append("eval.jsonl", run_eval(trainer.model, 0))
     else:

@@ -9,7 +9,9 @@
   checkpoint's client state.
 * ``NSRPPOTrainer`` (the single controller): wraps ``compute_advantages_and_returns`` with the advantage
   interventions (nsr/openrlhf/interventions.py), appends one metrics.jsonl row per RL step
-  (nsr/openrlhf/metrics.py) before OpenRLHF logs and checkpoints that step, and stops the run after
+  (nsr/openrlhf/metrics.py), and at token level one ratio_bins.jsonl row next to it (the premise meter's counts,
+  which the policy actor's ``fit`` sums over the ranks into its status), before OpenRLHF logs and checkpoints that
+  step, and stops the run after
   ``--nsr.max_steps`` RL steps (:func:`cap_steps`): OpenRLHF itself runs until its prompts run out, which with
   dynamic filtering happens at an arm-dependent step.
 
@@ -25,6 +27,7 @@ import os
 from pathlib import Path
 
 import ray
+import torch
 import torch.distributed as dist
 from openrlhf.trainer import ppo_trainer
 from openrlhf.trainer.ray import ppo_actor
@@ -33,7 +36,8 @@ from nsr.gating import GradientGate
 from nsr.openrlhf.gate import EngineGate
 from nsr.openrlhf.interventions import wrap_compute_advantages
 from nsr.openrlhf.loss import NSRPolicyLoss
-from nsr.openrlhf.metrics import row_from_logs
+from nsr.openrlhf.mapping import level_of
+from nsr.openrlhf.metrics import premise_logs, premise_row_from_logs, row_from_logs
 
 # The originals, captured at import: install() may run more than once.
 BasePolicyModelActor = ppo_actor.PolicyModelActor.__ray_actor_class__
@@ -99,18 +103,34 @@ class NSRPolicyModelActor(BasePolicyModelActor):
 
     def fit(self, kl_ctl: float = 0):
         self._nsr_rl_step += 1
-        self._nsr_trainer.actor_loss_fn.start_step(self._nsr_rl_step)
-        if self._nsr_gate is None:
-            return super().fit(kl_ctl)
-        self._nsr_gate.start_rollout()
+        loss = self._nsr_trainer.actor_loss_fn
+        loss.start_step(self._nsr_rl_step)
+        if self._nsr_gate is not None:
+            self._nsr_gate.start_rollout()
         status = super().fit(kl_ctl)
-        status.update(self._nsr_gate.metrics())
+        if self._nsr_gate is not None:
+            status.update(self._nsr_gate.metrics())
+        if loss.premise is not None:
+            status.update(premise_status(loss.premise))
         return status
 
     def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None):
         if self._nsr_gate is not None:
             client_states = {**(client_states or {}), "nsr_dgg": self._nsr_gate.gate.state_dict()}
         return super().save_checkpoint(tag, client_states, metric_value, metric_key)
+
+
+def premise_status(meter) -> dict[str, float]:
+    """The RL step's premise meter (an nsr.PremiseMeter) as status scalars (nsr.openrlhf.metrics.premise_logs):
+    its counts summed over the data-parallel ranks (one all-reduce, every rank calls it from ``fit``) and read once;
+    then the meter restarts for the next step."""
+    packed = torch.cat([meter.counts().reshape(-1), meter.tokens.reshape(1)])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(packed)
+    values = packed.tolist()
+    meter.reset()
+    counts, tokens = torch.tensor(values[:-1]).reshape(meter.counts().shape).tolist(), values[-1]
+    return premise_logs(counts, tokens)
 
 
 def cap_steps(generate_samples, steps_done, max_steps: int):
@@ -147,6 +167,8 @@ class NSRPPOTrainer(BasePPOTrainer):
             lambda: self._nsr_step,
         )
         self._nsr_metrics = Path(args.nsr.metrics_path) if args.nsr.metrics_path else None
+        low, high = args.actor.eps_clip_low_high
+        self._nsr_loss = args.nsr.loss_config(low, high, args.actor.dual_clip, level_of(args.actor.policy_loss_type))
 
     def init_checkpoint_states(self):
         states = super().init_checkpoint_states()
@@ -163,13 +185,20 @@ class NSRPPOTrainer(BasePPOTrainer):
         # The row first: a crash before the checkpoint leaves a row the resumed run cuts (RunDir.truncate_logs).
         if self._nsr_metrics is not None and logs_dict:
             append_metrics_row(self._nsr_metrics, global_step, logs_dict)
+            bins = premise_row_from_logs(global_step, logs_dict, self._nsr_loss)
+            if bins is not None:  # the premise meter's row, next to metrics.jsonl
+                append_row(self._nsr_metrics.with_name("ratio_bins.jsonl"), bins)
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
 
 def append_metrics_row(path: Path, step: int, logs: dict) -> dict:
     """Append the metrics.jsonl row of one RL step (one write, flushed), as RunDir.append does."""
 
-    row = row_from_logs(step, logs)
+    return append_row(path, row_from_logs(step, logs))
+
+
+def append_row(path: Path, row: dict) -> dict:
+    """Append one JSON line to ``path`` (one write, flushed and synced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(row, separators=(",", ":")) + "\n")

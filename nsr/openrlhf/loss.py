@@ -13,6 +13,9 @@ Metrics: every ``nsr.METRIC_KEYS`` value goes into ``self.sink`` (the micro-batc
 actor's ``training_step`` wrapper) as ``nsr_<key>``; OpenRLHF logs it as ``train/nsr_<key>``. Also
 ``nsr_entropy_mc``: the masked mean of -old_log_probs, a Monte-Carlo estimate of the rollout policy's token entropy
 (the tokens were sampled from it at temperature 1), free where OpenRLHF's own entropy needs a full-vocabulary tensor.
+Premise meter (token level): ``self.premise``, an ``nsr.PremiseMeter`` that every micro-batch with a gradient is added
+to (the rule's per-token loss and its autograd gradient; for ``hard``, nsr's hard rule on a detached copy, the same
+loss as the parent's); the actor reads it once per RL step (nsr/openrlhf/actors.py).
 
 On a GPU node the parent is the real ``openrlhf.models.loss.PolicyLoss``; where that package cannot be imported
 (no flash-attn, e.g. CPU CI) it is OpenRLHF's same file loaded by path (nsr.openrlhf.reference).
@@ -29,6 +32,7 @@ import nsr
 from nsr.openrlhf.mapping import check_is_correction, level_of
 from nsr.openrlhf.reference import load_loss_module
 from nsr.openrlhf.settings import NSRSettings
+from nsr.premise import PremiseMeter
 from nsr.seeds import derive_seed
 
 
@@ -94,6 +98,9 @@ class NSRPolicyLoss(PolicyLoss):
         self.micro_step = 0
         self.sink: dict | None = None
         """The current micro-batch's experience.info (set by the actor's training_step wrapper), or None."""
+        self.premise = PremiseMeter(self.cfg) if self.cfg.level == "token" else None
+        """The premise meter (token level): every training micro-batch is added; the actor reads it once per RL
+        step (nsr/openrlhf/actors.py) and restarts it."""
 
     def start_step(self, rl_step: int) -> None:
         """Called by the actor before each RL step's updates: restarts the micro-step count of the streams."""
@@ -137,10 +144,16 @@ class NSRPolicyLoss(PolicyLoss):
                 batch_num_tokens=batch_num_tokens,
                 global_batch_size=global_batch_size,
             )
-            if self.sink is not None:  # the same metrics as every other rule, for the clip_frac_low/high split
-                with torch.no_grad():
-                    _, metrics = nsr.policy_loss(log_probs.detach(), old_log_probs, advantages, mask, self.cfg)
-                self._log(metrics, old_log_probs, mask)
+            meter = self.premise if log_probs.requires_grad else None
+            if self.sink is not None or meter is not None:  # the metrics of every other rule, and the meter
+                # nsr's hard rule is the parent's loss (tests/test_openrlhf_loss.py): its gradient on a detached copy
+                lp = log_probs.detach().requires_grad_(meter is not None)
+                with torch.set_grad_enabled(meter is not None):
+                    loss_tok, metrics = nsr.policy_loss(lp, old_log_probs, advantages, mask, self.cfg)
+                if meter is not None:
+                    meter.add(loss_tok, lp, advantages, mask, old_log_probs=old_log_probs)
+                if self.sink is not None:
+                    self._log({k: v.detach() for k, v in metrics.items()}, old_log_probs, mask)
             return out
         loss_tok, metrics = nsr.policy_loss(
             log_probs, old_log_probs, advantages, mask, self.cfg, generator=self.generator(log_probs.device)
@@ -153,6 +166,8 @@ class NSRPolicyLoss(PolicyLoss):
             batch_num_tokens=batch_num_tokens,
             global_batch_size=global_batch_size,
         )
+        if self.premise is not None and log_probs.requires_grad:
+            self.premise.add(loss_tok, log_probs, advantages, mask, old_log_probs=old_log_probs)
         self._log(metrics, old_log_probs, mask)
         clip_ratio = metrics["clip_frac"].to(device=log_probs.device, dtype=torch.float32)
         ppo_kl = metrics["approx_kl"].to(log_probs.device)

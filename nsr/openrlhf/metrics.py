@@ -15,6 +15,11 @@ per-micro-batch metrics), so one logged dict is one metrics.jsonl row.
     row = row_from_logs(3, {"policy_loss": 0.1, "rollout/reward_mean": 0.4, ...})
 
 Keys a run did not log (e.g. ``rescue_frac`` in a plain OpenRLHF run) are ``None``.
+
+The premise meter (nsr.premise, at token level): the actor adds the RL step's counts, summed over its micro-batches
+and data-parallel ranks, to the status it returns as ``nsr_premise_<side>_<field>_<bin>`` scalars (66) and
+``nsr_premise_tokens`` (:func:`premise_logs`); OpenRLHF logs them as ``train/nsr_premise_*``, and
+:func:`premise_row_from_logs` turns one step's log back into the run folder's ratio_bins.jsonl row.
 """
 
 from __future__ import annotations
@@ -99,3 +104,36 @@ def row_from_logs(step: int, logs: Mapping[str, object]) -> dict:
                 row[ours] = _scalar(flat[k])
                 break
     return row
+
+
+PREMISE_PREFIX = "nsr_premise_"
+"""OpenRLHF log keys of the premise meter: ``nsr_premise_<pos|neg>_<clipped|rescued|weight>_<bin>`` and
+``nsr_premise_tokens`` (the valid tokens the counts are over)."""
+
+
+def premise_logs(counts: list, tokens: float) -> dict[str, float]:
+    """The premise meter's (2, 3, N_BINS + 1) ``counts`` (nested lists, one read of the device) as flat log scalars."""
+    from nsr.premise import FIELDS, SIDES
+
+    out = {}
+    for side, s_vals in zip(SIDES, counts):
+        for what, vals in zip(FIELDS, s_vals):
+            out.update({f"{PREMISE_PREFIX}{side}_{what}_{b}": float(v) for b, v in enumerate(vals)})
+    out[f"{PREMISE_PREFIX}tokens"] = float(tokens)
+    return out
+
+
+def premise_row_from_logs(step: int, logs: Mapping[str, object], cfg) -> dict | None:
+    """The ratio_bins.jsonl row of one RL step from OpenRLHF's log dict (``train/`` prefix or not), in the tiny
+    backend's format (nsr.premise.counts_row) with ``cfg`` (the run's nsr.LossConfig) for delta and executor;
+    None when the step logged no premise meter (sequence level, or a plain OpenRLHF run)."""
+    import torch
+
+    from nsr.premise import FIELDS, N_BINS, SIDES, counts_row
+
+    flat = {(k[len(TB_PREFIX) :] if k.startswith(TB_PREFIX) else k): v for k, v in logs.items()}
+    keys = [[[f"{PREMISE_PREFIX}{s}_{w}_{b}" for b in range(N_BINS + 1)] for w in FIELDS] for s in SIDES]
+    if not all(k in flat for side in keys for what in side for k in what):
+        return None
+    counts = torch.tensor([[[_scalar(flat[k]) or 0.0 for k in what] for what in side] for side in keys])
+    return counts_row(counts.double(), int(step), cfg)

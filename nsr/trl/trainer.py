@@ -12,8 +12,8 @@ checkpoints) and changes two things:
   router's load-balancing loss (``router_aux_loss_coef``);
 * advantages are ``nsr.compute_advantages`` of the rewards with ``advantages`` (an ``nsr.AdvantageConfig``: group_norm
   = (R - mean) / (std + 1e-9), no_std, positive_only, random_reward, noise), replacing TRL's (R - mean) / (std + 1e-4).
-  This is by design, so TRL's own advantage options are refused, not ignored: ``scale_rewards`` other than ``group``
-  (use ``advantages.kind``) and ``multi_objective_aggregation`` other than ``sum_then_normalize``.
+  TRL's ``scale_rewards`` maps onto them (:func:`scaled_advantages`: ``none`` = no_std, ``batch`` = no_std over the
+  batch's reward std); ``multi_objective_aggregation`` other than ``sum_then_normalize`` is refused, not ignored.
 
 With rule ``hard`` the loss and gradient equal TRL's own ``dapo`` / ``grpo`` loss (tests/test_trl.py,
 tests/test_trl_parity.py) for every log-ratio |log r| <= ``nsr.LOG_RATIO_CLAMP`` (20). Beyond it the kit clamps log r
@@ -27,9 +27,9 @@ resumed from a TRL checkpoint draws what an uninterrupted one draws.
 
 Refused before any work, naming the option (``GRPOConfig.<key>=... is not valid with NSRGRPOTrainer; allowed: ...``):
 loss types other than dapo / grpo (the rule comes from ``loss.rule``), a trust region or importance-sampling level
-that disagrees with ``loss``, TRL's ``delta``, off-policy and entropy masks, adaptive entropy, ``scale_rewards`` and
-``multi_objective_aggregation`` (above), and multimodal inputs (image columns, a vision-language model or processor):
-the kit's loss does not pass ``pixel_values`` and the like to the model.
+that disagrees with ``loss``, TRL's ``delta``, off-policy and entropy masks, adaptive entropy, a ``scale_rewards``
+that contradicts ``advantages`` and ``multi_objective_aggregation`` (above), and multimodal inputs (image columns, a
+vision-language model or processor): the kit's loss does not pass ``pixel_values`` and the like to the model.
 
 Metrics (in TRL's log, each reduced over the logging window as declared once): every metric TRL's ``_compute_loss``
 logs, under TRL's name and with TRL's definition and reduction (``kl``, ``entropy``, ``policy_loss`` and
@@ -39,6 +39,13 @@ tokens of the ratio, as TRL counts them), and the kit's own: ``nsr/<key>`` for e
 (reduced by ``nsr.METRIC_REDUCE``: means, ``nsr/ratio_min`` the minimum and ``nsr/ratio_max`` the maximum over the
 window), ``nsr/policy_loss`` (the rule's loss of each micro-batch, without KL), ``nsr/adv_abs_mean``,
 ``nsr/mixed_group_frac``.
+
+The premise meter (``premise=True``, the default, at token level): an ``nsr.PremiseMeter`` on every training
+micro-batch (the rule's per-token loss and its autograd gradient; no host sync), read once per training log: the
+window's counts in ``trainer.premise_counts`` (summed over processes; the trl backend writes them to
+ratio_bins.jsonl) and per-token rates in TRL's log as ``premise/<key>`` (``nsr.premise.RATE_KEYS``: per side the
+clipped tokens within the rescue zone and deeper, the rescued ones and their gradient weight, over the window's valid
+tokens). ``premise=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -47,7 +54,9 @@ import torch
 from trl import GRPOTrainer
 
 import nsr
+from nsr.advantages import STD_EPS
 from nsr.objectives import METRIC_REDUCE, reduce_metric
+from nsr.premise import PremiseMeter, rates
 from nsr.seeds import generator
 
 LOSS_TYPES = ("dapo", "grpo")
@@ -72,21 +81,33 @@ class NSRGRPOTrainer(GRPOTrainer):
         seed: seed of the rule's and the advantage's random streams (default: the GRPOConfig's seed).
     """
 
-    def __init__(self, *args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | None = None, seed=None, **kw):
+    def __init__(
+        self,
+        *args,
+        loss: nsr.LossConfig,
+        advantages: nsr.AdvantageConfig | None = None,
+        seed=None,
+        premise: bool = True,
+        **kw,
+    ):
         if not isinstance(loss, nsr.LossConfig):
             raise TypeError(f"loss must be nsr.LossConfig, got {type(loss).__name__}")
+        advantages = advantages or nsr.AdvantageConfig()
         if kw.get("args") is not None:  # before any model or data work; TRL's default GRPOConfig is checked below
-            _check_args(kw["args"], loss)
+            _check_args(kw["args"], loss, advantages)
         model = kw.get("model", args[0] if args else None)
         _check_text_only(kw.get("train_dataset"), kw.get("eval_dataset"), kw.get("processing_class"), model)
         super().__init__(*args, **kw)
-        _check_args(self.args, loss)
+        _check_args(self.args, loss, advantages)
         _check_text_only(None, None, self.processing_class, self.model)
         self.nsr_loss = loss
-        self.nsr_advantages = advantages or nsr.AdvantageConfig()
+        self.nsr_advantages, self.nsr_batch_scale = scaled_advantages(self.args.scale_rewards, advantages)
         self.nsr_seed = self.args.seed if seed is None else seed
         self._rewards_per_func = None
         self._eval_micro = (None, 0)  # (global step, micro-batches evaluated at it): the eval loss streams
+        self.premise = PremiseMeter(loss) if premise and loss.level == "token" else None
+        self.premise_counts: torch.Tensor | None = None
+        """The premise meter's (2, 3, N_BINS + 1) counts of the last logging window, summed over processes (host)."""
 
     # ------------------------------------------------------------------ advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -105,6 +126,8 @@ class NSRGRPOTrainer(GRPOTrainer):
         groups = torch.arange(rewards.numel(), device=rewards.device) // g
         gen = generator("trl-adv", self.nsr_seed, self.state.global_step)
         adv = nsr.compute_advantages(rewards.cpu(), groups.cpu(), self.nsr_advantages, generator=gen)
+        if self.nsr_batch_scale:  # scale_rewards="batch": the group baseline over the batch's reward std
+            adv = adv / (rewards.cpu().std() + STD_EPS)
         adv = adv.to(out["advantages"].device, out["advantages"].dtype)
         n = len(out["prompt_ids"])
         out["advantages"] = adv[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
@@ -172,6 +195,8 @@ class NSRGRPOTrainer(GRPOTrainer):
 
         gen = self._loss_generator(logps.device, train)
         loss_tok, met = nsr.policy_loss(logps, old, adv, mask.bool(), self.nsr_loss, gen)
+        if train and self.premise is not None and logps.requires_grad:  # the rule's loss, before vLLM IS weights
+            self.premise.add(loss_tok, logps, adv, mask.bool(), old_log_probs=old)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             loss_tok = loss_tok * inputs["importance_sampling_ratio"]
         per_token_loss = loss_tok
@@ -219,11 +244,29 @@ class NSRGRPOTrainer(GRPOTrainer):
         """TRL's log (the mean of each metric over the logging window), except the ``nsr/`` metrics that
         ``nsr.METRIC_REDUCE`` declares min or max: their window's min or max."""
         mode = "train" if self.model.training else "eval"
+        if mode == "train" and self.premise is not None:
+            self._log_premise(logs)
         for key, values in self._metrics[mode].items():
             k = key.removeprefix("nsr/")
             if key.startswith("nsr/") and METRIC_REDUCE.get(k, "mean") != "mean" and values:
                 values[:] = [reduce_metric(k, values)]
         super().log(logs, start_time)
+
+    def _log_premise(self, logs: dict) -> None:
+        """The premise meter's window (the updates since the last training log), summed over processes and read
+        once: kept in ``premise_counts`` (the run folder's ratio_bins.jsonl row) and logged as ``premise/<key>``
+        per-token rates (nsr.premise.rates); then the meter restarts. A window without tokens (TRL's end-of-training
+        summary) logs nothing and leaves ``premise_counts`` as it was."""
+        counts, tokens = self.premise.counts(), self.premise.tokens
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts.clone(), "sum")
+            tokens = self.accelerator.reduce(tokens.clone(), "sum")
+        counts, tokens = counts.cpu(), tokens.cpu()
+        self.premise.reset()
+        if tokens.item() == 0:
+            return
+        self.premise_counts = counts
+        logs.update({f"premise/{k}": v.item() for k, v in rates(counts, tokens).items()})
 
 
 _MULTIMODAL_ERROR = (
@@ -293,7 +336,33 @@ def _check_text_only(train_dataset, eval_dataset, processing_class, model=None) 
         raise ValueError(_MULTIMODAL_ERROR.format(what=f"model {type(model).__name__} has a vision_config"))
 
 
-def _check_args(args, loss: nsr.LossConfig) -> None:
+SCALE_REWARDS = ("group", "none", "batch")
+"""TRL's ``scale_rewards`` values (GRPOConfig turns True / False into "group" / "none")."""
+
+
+def scaled_advantages(scale_rewards: str, advantages: nsr.AdvantageConfig) -> tuple[nsr.AdvantageConfig, bool]:
+    """TRL's ``scale_rewards`` on the kit's advantage transforms: (the AdvantageConfig to compute, whether to divide
+    by the batch's reward std afterwards). ``group``: ``advantages`` as given (group_norm by default: (R - mean_g) /
+    (std_g + 1e-9)); ``none``: group_norm becomes no_std (R - mean_g); ``batch``: no_std, then / (std of the batch's
+    rewards + 1e-9) (TRL's formula with the kit's epsilon; TRL adds 1e-4). ``none`` and ``batch`` change only
+    group_norm (or keep no_std for none): another kind, or noise with batch, is refused naming both options."""
+    if scale_rewards not in SCALE_REWARDS:
+        allowed = ", ".join(SCALE_REWARDS)
+        raise ValueError(f"GRPOConfig.scale_rewards={scale_rewards!r} is not valid; allowed: {allowed}")
+    if scale_rewards == "group":
+        return advantages, False
+    ok = advantages.kind == "group_norm" or (scale_rewards == "none" and advantages.kind == "no_std")
+    if not ok or (scale_rewards == "batch" and advantages.noise):
+        raise ValueError(
+            f"GRPOConfig.scale_rewards={scale_rewards!r} is not valid with advantages.kind={advantages.kind!r} and "
+            f"advantages.noise={advantages.noise} in NSRGRPOTrainer; allowed: scale_rewards='group' with any "
+            "advantages.kind, 'none' with kind group_norm or no_std (both mean R - group mean), 'batch' with kind "
+            "group_norm and noise 0"
+        )
+    return advantages.replace(kind="no_std"), scale_rewards == "batch"
+
+
+def _check_args(args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | None = None) -> None:
     """TRL options this subclass does not reproduce, or that would disagree with ``loss``: a clear error."""
 
     def refuse(key, value, allowed):
@@ -310,13 +379,7 @@ def _check_args(args, loss: nsr.LossConfig) -> None:
     for key, off in (("delta", None), ("off_policy_mask_threshold", None), ("top_entropy_quantile", 1.0)):
         if getattr(args, key) != off:
             refuse(key, getattr(args, key), repr(off))
-    if args.scale_rewards != "group":  # GRPOConfig turns True / False into "group" / "none"
-        allowed = (
-            "'group' (TRL's default). NSRGRPOTrainer replaces TRL's advantages by design with nsr.compute_advantages: "
-            "choose them with advantages=nsr.AdvantageConfig(kind=...), e.g. kind='no_std' for unscaled advantages "
-            "(R - group mean); batch-std scaling has no nsr kind"
-        )
-        refuse("scale_rewards", args.scale_rewards, allowed)
+    scaled_advantages(args.scale_rewards, advantages or nsr.AdvantageConfig())  # ValueError naming both options
     if args.multi_objective_aggregation != "sum_then_normalize":  # the advantage is nsr's, of the weighted sum
         refuse("multi_objective_aggregation", args.multi_objective_aggregation, "sum_then_normalize")
     if args.use_adaptive_entropy:

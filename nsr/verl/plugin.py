@@ -30,6 +30,19 @@ either side), ``actor/ppo_kl`` (mean of old - new log-prob, with verl's clamp: +
 unclamped at sequence level as gspo), ``actor/pg_clipfrac_lower`` (verl's meaning: the dual-clip fraction, A < 0 and
 r > clip_ratio_c); and every ``nsr.METRIC_KEYS`` value as ``actor/nsr_<key>`` (``actor/nsr_approx_kl`` unclamped).
 Values are detached 0-dim tensors (verl's ``Metric`` turns them into floats when it aggregates).
+
+The premise meter (token level; ``policy_loss.premise``, default on): per micro-batch, ``actor/premise/<key>`` for
+every ``nsr.premise.RATE_KEYS`` key: per advantage side the clipped tokens within NSR's rescue zone
+(``pos_clipped_zone``, the in-zone clipped mass per token) and deeper (``pos_clipped_deep``), the clipped tokens the
+rule still gave a gradient (``pos_rescued``) and the sum of their gradient weight (``pos_weight``), each divided by
+the micro-batch's valid tokens. verl wraps a loss's metrics as ``Metric(aggregation=mean)``: the mean over the
+micro-batches of a rank, then over the ranks, all with equal weight. Rates per token are the quantities whose equal-
+weight mean stays a per-token rate (counts would scale with the micro-batch size; a share of clipped tokens would
+weigh a micro-batch with 1 clipped token like one with 100); the mean equals the step's pooled rate when the
+micro-batches hold equal token counts (``use_dynamic_bsz`` makes them close). Reach (the share of clipped tokens
+within the zone) is read from them as zone / (zone + deep), after the averaging (``python -m analysis.premise
+--verl``). Each is read to the host by verl's ``Metric`` (one ``.item()`` per metric and micro-batch, as for verl's
+own metrics); the counting itself has no host sync.
 """
 
 from __future__ import annotations
@@ -43,6 +56,7 @@ from verl.trainer.ppo import core_algos
 from verl.workers.config import PolicyLossConfig
 
 import nsr
+from nsr.premise import premise_counts, rates, token_ratio
 from nsr.seeds import generator
 
 PREFIX = "nsr:"
@@ -92,6 +106,7 @@ NSRPolicyLossConfig = make_dataclass(
         ),  # fmt: skip
         ("dual_clip", bool, field(default=True)),
         ("seed", Optional[int], field(default=None)),  # noqa: UP045
+        ("premise", bool, field(default=True)),
     ],
     bases=(PolicyLossConfig,),
     namespace={"__post_init__": _post_init},
@@ -104,7 +119,8 @@ built from nsr.LossConfig, so fields added there later travel too), and
 * ``dual_clip`` (bool, default True): apply verl's dual clip (A < 0 and r > actor.clip_ratio_c), as verl's vanilla
   mode always does (token level only);
 * ``seed`` (int or None): seed of the rule's random draws, one stream per process (seed, DP rank); None: torch's
-  global RNG.
+  global RNG;
+* ``premise`` (bool, default True): log the premise meter's per-token rates (token level; module docstring).
 
 Select it in a recipe with ``actor_rollout_ref.actor.policy_loss._target_=nsr.verl.NSRPolicyLossConfig``; set a
 parameter with ``+actor_rollout_ref.actor.policy_loss.delta=0.1`` (``+``: a key verl's own config does not have).
@@ -178,6 +194,7 @@ def policy_loss(
     mask = response_mask.bool()
     gen = _generator(config.policy_loss.get("seed"), log_prob.device)
     loss_tok, met = nsr.policy_loss(log_prob, old_log_prob, advantages, mask, cfg, generator=gen)
+    loss_tok_rule = loss_tok  # the rule's own loss, for the premise meter (before verl's rollout weights)
     if rollout_is_weights is not None:
         loss_tok = loss_tok * rollout_is_weights
     pg_loss = core_algos.agg_loss(
@@ -199,7 +216,23 @@ def policy_loss(
         "actor/pg_clipfrac_lower": dual_frac.to(met["clip_frac"].dtype),
         **{f"actor/nsr_{k}": v.detach() for k, v in met.items()},
     }
+    if cfg.level == "token" and config.policy_loss.get("premise", True) and log_prob.requires_grad:
+        metrics.update(premise_metrics(loss_tok_rule, log_prob, old_log_prob, advantages, mask, cfg))
     return pg_loss, metrics
+
+
+PREMISE_PREFIX = "actor/premise/"
+"""verl metric names of the premise meter: ``actor/premise/<key>`` for every ``nsr.premise.RATE_KEYS`` key."""
+
+
+def premise_metrics(loss_tok, log_prob, old_log_prob, advantages, mask, cfg: nsr.LossConfig) -> dict:
+    """The premise meter of one micro-batch as per-token rates (0-dim tensors, no host read here): its counts
+    (nsr.premise.premise_counts, the gradient of the rule's own per-token loss) over the micro-batch's valid tokens.
+    verl averages each over micro-batches and ranks with equal weights, so the logged value is the mean per-token
+    rate, equal to the step's pooled rate when micro-batches hold equal token counts (module docstring)."""
+    (grad,) = torch.autograd.grad(loss_tok.sum(), log_prob, retain_graph=True)  # d loss_t / d log pi_t
+    counts = premise_counts(grad, token_ratio(log_prob, old_log_prob), advantages, mask, cfg)
+    return {PREMISE_PREFIX + k: v for k, v in rates(counts, mask.sum()).items()}
 
 
 def make_policy_loss(rule: str):

@@ -1,0 +1,245 @@
+"""``task.name: arithmetic``: a verifiable arithmetic task for a real chat model (SmolLM2-135M-Instruct on CPU).
+
+Problems come from small families (:data:`FAMILIES`: ``mul_add`` is ``a * b + c`` with one-digit operands, ``add_2d1d``
+is a two-digit plus a one-digit number, ...). Every problem of the chosen families (``task.families``) is listed, each
+family shuffled by a generator seeded from the task's version, and the families interleaved, so any prefix mixes
+them evenly; the first ``task.n_eval`` problems are the evaluation set and the next ``task.n_train`` the training set
+(disjoint by construction, and the evaluation set does not move when ``n_train`` changes).
+
+A prompt is a chat: the system turn ``task.system_prompt`` (none if empty: the model's template then adds its own),
+a worked example as an earlier user / assistant turn (``task.one_shot``), then the problem in ``task.prompt_template``
+(``{problem}`` replaced). The answer is scored by the kit's one math reward (experiments/rewards/math.py: the last
+``\\boxed{}`` of the response, math-verify against the label). Template, one-shot turn, system prompt, families,
+sizes and :data:`GENERATOR_VERSION` (``task.generator_version``) are config fields, so they are part of a run's
+identity.
+
+Written on first use: ``cache_dir()/tasks/arithmetic-<key>/{train,eval}.jsonl`` (key: sha256 of those fields), rows
+``{"prompt": [chat messages], "label": "17", "problem_id": "mul_add-0042", "problem": "3 * 4 + 5"}`` (OpenRLHF reads the
+same files: ``--data.input_key prompt --data.label_key label --data.apply_chat_template``).
+
+    python -m experiments.tasks.arithmetic sweeps/presets/smollm2-trl-cpu.yaml   # write the files; print paths, sizes
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from experiments.checks import check_field, check_range
+from nsr.seeds import derive_seed
+
+NAME = "arithmetic"
+GENERATOR_VERSION = 1
+"""Version of the problem lists and their order; a config names it (``task.generator_version``) and a config of
+another version is refused. Bump when :data:`FAMILIES` or the shuffle change."""
+DIGITS = range(1, 10)
+SMALL = range(2, 10)  # multiplication operands: x 1 is trivial
+TWO_DIGITS = range(10, 100)
+
+FAMILIES: dict[str, Callable[[], list[tuple[str, int]]]] = {
+    "add_1d": lambda: [(f"{a} + {b}", a + b) for a in DIGITS for b in DIGITS],
+    "mul_1d": lambda: [(f"{a} * {b}", a * b) for a in SMALL for b in SMALL],
+    "add_3x1d": lambda: [(f"{a} + {b} + {c}", a + b + c) for a in DIGITS for b in DIGITS for c in DIGITS],
+    "mul_add": lambda: [(f"{a} * {b} + {c}", a * b + c) for a in SMALL for b in SMALL for c in DIGITS],
+    "add_2d1d": lambda: [(f"{a} + {b}", a + b) for a in TWO_DIGITS for b in DIGITS],
+    "sub_2d1d": lambda: [(f"{a} - {b}", a - b) for a in TWO_DIGITS for b in DIGITS],
+}
+"""Problem families: name -> every (problem text, answer) of it."""
+
+
+def problems(families: tuple[str, ...], version: int = GENERATOR_VERSION) -> list[dict]:
+    """Every problem of ``families``: each family shuffled by its own seeded generator, then interleaved."""
+    lists = []
+    for fam in families:
+        items = [(f"{fam}-{i:04d}", text, ans) for i, (text, ans) in enumerate(FAMILIES[fam]())]
+        random.Random(derive_seed("arithmetic", version, fam)).shuffle(items)
+        lists.append(items)
+    out = []
+    for row in itertools.chain.from_iterable(itertools.zip_longest(*lists)):
+        if row is not None:
+            pid, text, ans = row
+            out.append({"problem_id": pid, "problem": text, "label": str(ans)})
+    return out
+
+
+def messages(task, problem: str) -> list[dict]:
+    """The chat of one prompt (module doc)."""
+    out = [{"role": "system", "content": task.system_prompt}] if task.system_prompt else []
+    if task.one_shot:
+        out += [{"role": "user", "content": task.one_shot[0]}, {"role": "assistant", "content": task.one_shot[1]}]
+    return out + [{"role": "user", "content": task.prompt_template.replace("{problem}", problem)}]
+
+
+def check_task(task) -> None:
+    """ConfigError naming the ``task.`` field and what is allowed (run at the config's construction)."""
+    allowed = f"{GENERATOR_VERSION} (this code's arithmetic generator)"
+    check_field("task", "generator_version", task.generator_version == GENERATOR_VERSION, allowed,
+                task.generator_version)  # fmt: skip
+    bad = [f for f in task.families if f not in FAMILIES]
+    allowed = f"a non-empty list of {', '.join(FAMILIES)}"
+    check_field("task", "families", bool(task.families) and not bad and len(set(task.families)) == len(task.families),
+                allowed, list(task.families))  # fmt: skip
+    total = sum(len(FAMILIES[f]()) for f in task.families) - 1  # at most one problem is the one-shot's own
+    check_range("task", "n_train", task.n_train, 1, total)
+    check_range("task", "n_eval", task.n_eval, 0, total - task.n_train)
+    check_field("task", "prompt_template", "{problem}" in task.prompt_template, "a text containing {problem}",
+                task.prompt_template)  # fmt: skip
+    check_field("task", "one_shot", len(task.one_shot) in (0, 2), "[] or [user turn, assistant turn]",
+                list(task.one_shot))  # fmt: skip
+    check_field("task", "chat_template", task.chat_template, "true (the prompts are chats)", task.chat_template)
+
+
+FIELDS = ("families", "n_train", "n_eval", "prompt_template", "one_shot", "system_prompt", "generator_version")
+"""The task fields the problems and prompts depend on (the cache key)."""
+
+
+def key(task) -> str:
+    blob = json.dumps({f: getattr(task, f) for f in FIELDS}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def data_dir(task) -> Path:
+    from experiments.rundir import cache_dir
+
+    return cache_dir() / "tasks" / f"{NAME}-{key(task)}"
+
+
+def split(task) -> dict[str, list[dict]]:
+    """{"eval": first n_eval problems, "train": the next n_train}, each row with its chat prompt; the one-shot turn's
+    own problem is left out of both."""
+    shot = task.one_shot[0] if task.one_shot else None
+    rows = [r for r in problems(tuple(task.families), task.generator_version)
+            if task.prompt_template.replace("{problem}", r["problem"]) != shot]  # fmt: skip
+    out = {"eval": rows[: task.n_eval], "train": rows[task.n_eval : task.n_eval + task.n_train]}
+    for part in out.values():
+        for r in part:
+            r["prompt"] = messages(task, r["problem"])
+    return out
+
+
+def write_files(task) -> dict[str, Path]:
+    """{"train": path, "eval": path}: the JSONL files of ``task``, written on first use (file lock, atomic rename)."""
+    from filelock import FileLock
+
+    folder = data_dir(task)
+    paths = {part: folder / f"{part}.jsonl" for part in ("train", "eval")}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder / ".lock")):
+        if not all(p.is_file() for p in paths.values()):
+            for part, rows in split(task).items():
+                tmp = paths[part].with_name(f".{part}.tmp{os.getpid()}")
+                tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+                os.replace(tmp, paths[part])
+    return paths
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def reward_func():
+    """TRL reward function: the kit's math reward of each completion against its row's label."""
+    from experiments.rewards.math import score
+
+    def arithmetic_correct(prompts, completions, label, **kwargs) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [score(t, lab) for t, lab in zip(texts, label)]
+
+    return arithmetic_correct
+
+
+BAND = (0.1, 0.9)
+"""A prompt has signal for GRPO when its pass rate lies in this band (issue 33: at least half of the prompts)."""
+
+
+def measure_spread(cfg, n_prompts: int, n_samples: int, seed: int = 0, batch: int = 8) -> dict:
+    """Pass rates of the first ``n_prompts`` training problems, ``n_samples`` each, sampled as the trl backend samples
+    them (transformers' generate on the float32 model, ``rollout.temperature``, top_p 1, top_k 0,
+    ``rollout.max_new_tokens``), seeded; scored by the kit's math reward. Returns {"rows": per prompt
+    {problem_id, family, pass}, "families": per family {prompts, mean, band, zero, one}, "all": the same overall,
+    "seconds", "tokens"}."""
+    import time
+
+    import torch
+
+    from experiments.models.smollm2 import load
+    from experiments.rewards.math import score
+
+    model, tok, _ = load(cfg.model.name, untie=cfg.model.untie_embeddings)
+    model.eval()
+    problems_ = split(cfg.task)["train"][:n_prompts]
+    texts = [tok.apply_chat_template(p["prompt"], tokenize=False, add_generation_prompt=True) for p in problems_]
+    rows, tokens, t0 = [], 0, time.perf_counter()
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)
+        for i in range(0, len(texts), batch):
+            enc = tok(texts[i : i + batch], return_tensors="pt", padding=True, padding_side="left",
+                      add_special_tokens=False)  # fmt: skip
+            out = model.generate(**enc, do_sample=True, temperature=cfg.rollout.temperature, top_p=1.0, top_k=0,
+                                 max_new_tokens=cfg.rollout.max_new_tokens, num_return_sequences=n_samples)  # fmt: skip
+            new = out[:, enc["input_ids"].shape[1] :]
+            tokens += int((new != tok.pad_token_id).sum())
+            answers = tok.batch_decode(new, skip_special_tokens=True)
+            for j, prob in enumerate(problems_[i : i + batch]):
+                got = [score(a, prob["label"]) for a in answers[j * n_samples : (j + 1) * n_samples]]
+                fam = prob["problem_id"].rsplit("-", 1)[0]
+                rows.append({"problem_id": prob["problem_id"], "family": fam, "pass": sum(got) / n_samples})
+    seconds = time.perf_counter() - t0
+
+    def summary(part):
+        rates = [r["pass"] for r in part]
+        n = max(len(rates), 1)
+        return {"prompts": len(rates), "mean": sum(rates) / n, "band": sum(BAND[0] <= x <= BAND[1] for x in rates) / n,
+                "zero": sum(x == 0 for x in rates) / n, "one": sum(x == 1 for x in rates) / n}  # fmt: skip
+
+    families = {f: summary([r for r in rows if r["family"] == f]) for f in cfg.task.families}
+    return {"rows": rows, "families": families, "all": summary(rows), "seconds": seconds, "tokens": tokens}
+
+
+def spread_table(result: dict) -> str:
+    lines = [
+        "| family | prompts | mean pass | pass rate in [0.1, 0.9] | all wrong | all right |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in [*result["families"].items(), ("all", result["all"])]:
+        lines.append(
+            f"| {name} | {s['prompts']} | {s['mean']:.3f} | {s['band']:.2f} | {s['zero']:.2f} | {s['one']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from experiments.config import load_config
+
+    p = argparse.ArgumentParser(prog="python -m experiments.tasks.arithmetic", description=__doc__.split("\n")[0])
+    p.add_argument("config", help="a RunConfig YAML with task.name arithmetic")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.add_argument("--spread", nargs=2, type=int, metavar=("PROMPTS", "SAMPLES"),
+                   help="measure the pass-rate spread of the first PROMPTS training problems")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = load_config(args.config, args.overrides)
+    paths = write_files(cfg.task)
+    print(json.dumps({part: {"path": str(q), "rows": len(read_rows(q))} for part, q in paths.items()}, indent=1))
+    if args.spread:
+        from experiments.threads import set_threads
+
+        set_threads()
+        result = measure_spread(cfg, *args.spread, seed=args.seed)
+        print(spread_table(result))
+        print(f"{result['seconds']:.0f} s, {result['tokens']} tokens ({result['tokens'] / result['seconds']:.0f}/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Time a trl-backend RL step of a HF-model preset against TRL's own GRPOTrainer on the same model, batch and
+GRPOConfig (its default loss: the GRPOConfig's dapo with the same trust region; its own advantages).
+
+    python -m experiments.trl.bench sweeps/presets/smollm2-trl-cpu.yaml --trainer kit --steps 4
+    python -m experiments.trl.bench sweeps/presets/smollm2-trl-cpu.yaml --trainer trl --steps 4
+
+One JSON line: seconds of each RL step (generation, rewards, the old log-probs and every update), their median over
+the steps after the first (TRL's start-up is in the first), the load average at the start and the end, the process's
+peak resident memory, and the size of one TRL checkpoint (with ``--checkpoint``). No run folder is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    from experiments.models.smollm2 import load
+    from experiments.tasks.arithmetic import reward_func, split
+    from experiments.threads import set_threads
+    from experiments.trl.train import grpo_config, optimizer_steps_per_rl_step
+    from nsr.trl import NSRGRPOTrainer
+
+    threads = set_threads()
+    cfg = cfg.replace(train=dataclasses.replace(cfg.train, steps=steps))
+    model, tok, info = load(cfg.model.name, untie=cfg.model.untie_embeddings)
+    rows = split(cfg.task)["train"]
+    data = Dataset.from_dict({"prompt": [r["prompt"] for r in rows], "label": [r["label"] for r in rows]})
+    k = optimizer_steps_per_rl_step(cfg)
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t0 = None
+
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step % k == 0:
+                self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % k == 0 and self.t0 is not None:
+                times.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = grpo_config(cfg, tmp)
+        if checkpoint:
+            args.save_strategy, args.save_steps = "steps", k
+        kw = dict(model=model, reward_funcs=[reward_func()], args=args, train_dataset=data, processing_class=tok,
+                  callbacks=[Clock()])  # fmt: skip
+        if trainer_kind == "kit":
+            trainer = NSRGRPOTrainer(**kw, loss=cfg.loss, advantages=cfg.advantages, seed=cfg.seed)
+        else:
+            trainer = GRPOTrainer(**kw)
+        load0 = os.getloadavg()[0]
+        trainer.train()
+        ckpts = sorted(Path(tmp).glob("checkpoint-*"))
+        ckpt_bytes = _dir_bytes(ckpts[-1]) if ckpts else None
+    return {
+        "trainer": trainer_kind,
+        "threads": threads,
+        "step_s": [round(t, 2) for t in times],
+        "median_s_after_first": round(statistics.median(times[1:]), 2) if len(times) > 1 else None,
+        "load_start": round(load0, 2),
+        "load_end": round(os.getloadavg()[0], 2),
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "checkpoint_mb": round(ckpt_bytes / 2**20) if ckpt_bytes else None,
+        "weights_sha256": info["weights_sha256"][:16],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from experiments.config import load_config
+
+    p = argparse.ArgumentParser(prog="python -m experiments.trl.bench", description=__doc__.split("\n")[0])
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--trainer", choices=("kit", "trl"), default="kit")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--checkpoint", action="store_true", help="save a TRL checkpoint every RL step; report its size")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = load_config(args.config, args.overrides)
+    print(json.dumps(bench(cfg, args.trainer, args.steps, args.checkpoint)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""The generated arithmetic task of the real model (experiments/tasks/arithmetic.py): determinism, disjoint splits,
+the reward, the config checks, the files written on first use."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from experiments.checks import ConfigError
+from experiments.config import load_config
+from experiments.tasks import arithmetic
+from experiments.tasks.arithmetic import FAMILIES, GENERATOR_VERSION, problems, split
+
+PRESET = "sweeps/presets/smollm2-trl-cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(PRESET)
+
+
+def test_every_family_is_what_it_says():
+    for name, make in FAMILIES.items():
+        items = make()
+        assert len({t for t, _ in items}) == len(items)  # distinct problems
+        for text, ans in items:
+            assert eval(text) == ans, (name, text)  # noqa: S307 - our own digits and + - *
+    assert {k: len(v()) for k, v in FAMILIES.items()} == {
+        "add_1d": 81, "mul_1d": 64, "add_3x1d": 729, "mul_add": 576, "add_2d1d": 810, "sub_2d1d": 810}  # fmt: skip
+
+
+def test_problems_are_seeded_interleaved_and_versioned():
+    a, b = problems(("mul_add", "add_2d1d")), problems(("mul_add", "add_2d1d"))
+    assert a == b and len(a) == 576 + 810
+    assert [r["problem_id"].split("-")[0] for r in a[:4]] == ["mul_add", "add_2d1d", "mul_add", "add_2d1d"]
+    assert [r["problem"] for r in a[:20:2]] != [t for t, _ in FAMILIES["mul_add"]()[:10]]  # shuffled
+    assert problems(("mul_add",), GENERATOR_VERSION + 1) != problems(("mul_add",))
+
+
+def test_splits_are_disjoint_sized_and_the_eval_set_does_not_move(cfg):
+    parts = split(cfg.task)
+    train, held = ({r["problem"] for r in parts[k]} for k in ("train", "eval"))
+    assert len(train) == cfg.task.n_train >= 400 and len(held) == cfg.task.n_eval and not train & held
+    fewer = split(dataclasses.replace(cfg.task, n_train=100))
+    assert fewer["eval"] == parts["eval"] and fewer["train"] == parts["train"][:100]
+
+
+def test_the_one_shot_problem_is_in_neither_split(cfg):
+    parts = split(cfg.task)
+    shown = [r["problem"] for r in problems(cfg.task.families) if r["problem"] in cfg.task.one_shot[0]]
+    assert shown == ["7 * 3 + 5"] and len(parts["train"]) + len(parts["eval"]) == 575
+    assert all(r["problem"] != "7 * 3 + 5" for part in parts.values() for r in part)
+
+
+def test_a_prompt_is_the_configured_chat(cfg):
+    row = split(cfg.task)["train"][0]
+    t = cfg.task
+    assert t.system_prompt == "" and row["prompt"] == [  # no system turn: the model's template adds its own
+        {"role": "user", "content": t.one_shot[0]},
+        {"role": "assistant", "content": t.one_shot[1]},
+        {"role": "user", "content": t.prompt_template.replace("{problem}", row["problem"])},
+    ]
+    user = t.prompt_template.replace("{problem}", "2 + 2")
+    assert arithmetic.messages(dataclasses.replace(t, one_shot=()), "2 + 2") == [{"role": "user", "content": user}]
+    system = arithmetic.messages(dataclasses.replace(t, system_prompt="Be brief."), "2 + 2")[0]
+    assert system == {"role": "system", "content": "Be brief."}
+
+
+def test_the_reward_is_the_kits_math_reward(cfg):
+    reward = arithmetic.reward_func()
+    completions = [[{"role": "assistant", "content": "9 * 5 = 45, and 45 + 5 = 50. The answer is \\boxed{50}."}],
+                   [{"role": "assistant", "content": "The answer is \\boxed{51}."}],
+                   [{"role": "assistant", "content": "50"}]]  # fmt: skip
+    assert reward(prompts=[None] * 3, completions=completions, label=["50"] * 3) == [1.0, 0.0, 0.0]
+
+
+def test_files_are_written_once_and_read_back(cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("NSR_CACHE_DIR", str(tmp_path))
+    paths = arithmetic.write_files(cfg.task)
+    assert paths["train"].parent.parent == tmp_path / "tasks"
+    rows = arithmetic.read_rows(paths["train"])
+    assert rows == split(cfg.task)["train"]
+    stamp = paths["train"].stat().st_mtime_ns
+    assert arithmetic.write_files(cfg.task) == paths and paths["train"].stat().st_mtime_ns == stamp
+    other = dataclasses.replace(cfg.task, prompt_template="Compute {problem}.")
+    assert arithmetic.data_dir(other) != arithmetic.data_dir(cfg.task)  # the template is part of the key
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("task.generator_version=2", r"task.generator_version=2 is not valid; allowed: 1"),
+        ("task.families=[mul_add,cube]", r"task.families=.*allowed: a non-empty list of add_1d"),
+        ("task.families=[]", r"task.families=\[\] is not valid"),
+        ("task.n_train=5000", r"task.n_train=5000 is not valid"),
+        ("task.prompt_template='What is it?'", r"task.prompt_template=.*allowed: a text containing \{problem\}"),
+        ("task.one_shot=[only-the-question]", r"task.one_shot=.*allowed: \[\] or \[user turn, assistant turn\]"),
+        ("task.train_data=x.jsonl", r"task.train_data='x.jsonl' is not valid; allowed: '' \(the arithmetic task"),
+        ("model.name=tiny-qwen2", r"model.name='tiny-qwen2' is not valid"),
+    ],
+)
+def test_bad_task_fields_are_refused_naming_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(PRESET, [override])
+
+
+def test_the_task_fields_are_part_of_the_run_identity(cfg):
+    for override in ("task.prompt_template='Compute {problem}.'", "task.one_shot=[]", "task.system_prompt='Be brief.'",
+                     "task.families=[mul_add,add_3x1d]", "task.n_train=400"):  # fmt: skip
+        assert load_config(PRESET, [override]).run_hash() != cfg.run_hash(), override
