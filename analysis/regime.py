@@ -34,9 +34,10 @@ HARD_ONLY_CRITERIA = ("reach", "clip", "not_saturated", "grad_clip_rare")
 """The stage-A criteria that read the hard runs only; only these may rule a candidate out early."""
 
 
-STAGES = ("a", "a2", "a3")
+STAGES = ("a", "a2", "a3", "r0")
 """Stages of the evidence plan in analysis/regime.yaml: stage A (the top level), stage A2 (section ``stage_a2``),
-stage A3 (section ``stage_a3``: the gate alone, :func:`a3_readout`)."""
+stage A3 (section ``stage_a3``: the gate alone, :func:`a3_readout`), stage R0 (section ``stage_r0``: the premise meter
+on SmolLM2, :func:`r0_readout`)."""
 
 
 def load_regime(path: str | Path = REGIME_FILE, stage: str = "a") -> dict:
@@ -45,8 +46,8 @@ def load_regime(path: str | Path = REGIME_FILE, stage: str = "a") -> dict:
     if stage not in STAGES:
         raise ValueError(f"stage={stage!r} is not valid; allowed: {', '.join(STAGES)}")
     regime = yaml.safe_load(Path(path).read_text())
-    if stage == "a3":
-        return {**regime["stage_a3"], "stage": "a3"}
+    if stage in ("a3", "r0"):
+        return {**regime[f"stage_{stage}"], "stage": stage}
     if stage == "a2":
         regime = {**regime["stage_a2"], "stage": "a2"}
         regime["stage_a_sweep"] = regime["sweep"]
@@ -678,6 +679,110 @@ def a3_markdown(out: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
+# ------------------------------------------------------------------------------------------------ stage R0
+def _g(x) -> str:
+    """A share or rate, 4 significant digits (n/a when missing)."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
+
+
+R0_COMMAND = "python -m analysis.regime results/runs/regime_r0 --stage r0   # per run: python -m analysis.premise RUN"
+
+
+def r0_readout(root: str | Path, regime_path: str | Path = REGIME_FILE) -> dict:
+    """Stage R0 (analysis/regime.yaml, ``stage_r0``): the premise meter of the hard runs in ``root``, pooled, and each
+    pre-registered criterion. Only folders of the stage's seeds with status done count; the others are listed."""
+    from analysis.premise import PremiseError
+    from analysis.premise import read_run as premise_run
+    from experiments.rundir import RunDir, read_rows
+
+    plan = load_regime(regime_path, "r0")
+    crit = plan["criteria"]
+    seeds, steps = list(plan["seeds"]), int(plan["fixed"]["steps"])
+    runs, pending = [], []
+    for folder in sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []:
+        rd = RunDir(folder)
+        cfg = rd.read_config() or {}
+        if cfg.get("seed") not in seeds:
+            continue
+        status = (rd.status() or {}).get("state")
+        if status != "done":
+            pending.append({"run": folder.name, "state": status})
+            continue
+        try:
+            reading = premise_run(folder)
+        except PremiseError as e:
+            raise ValueError(str(e)) from None
+        metrics, _ = read_rows(rd.metrics_path)
+        mixed = [r["mixed_group_frac"] for r in metrics if r.get("mixed_group_frac") is not None]
+        runs.append({**reading, "run": folder.name, "seed": cfg["seed"], "rows": len(metrics), "mixed": mixed})
+    out: dict = {"plan": plan, "runs": runs, "pending": pending, "criteria": {}}
+    if not runs:
+        out["outcome"] = "not run"
+        return out
+    c = out["criteria"]
+    floor = 100  # stage_r0.criteria.reach: a side with fewer clipped tokens in all fails as too few to measure
+    for side in ("pos", "neg"):
+        n = sum(r[f"{side}_clipped"] for r in runs)
+        share = (
+            sum(r[f"{side}_reach"] * r[f"{side}_clipped"] for r in runs if r[f"{side}_clipped"]) / n if n else math.nan
+        )
+        c[f"reach_{side}"] = {"value": share, "clipped": n, "holds": n >= floor and share >= crit["reach"]["min_share"]}
+    zone = float(np.mean([r["pos_zone_per_token"] + r["neg_zone_per_token"] for r in runs]))
+    c["zone_mass"] = {"value": zone, "holds": zone >= crit["zone_mass"]["min"]}
+    mixed = [m for r in runs for m in r["mixed"]]
+    signal = float(np.mean(mixed)) if mixed else math.nan
+    c["signal"] = {"value": signal, "holds": bool(mixed) and signal >= crit["signal"]["min"]}
+    done = len(runs) == len(seeds) and all(r["rows"] >= steps for r in runs)
+    c["complete"] = {"value": f"{len(runs)} of {len(seeds)} done", "holds": done}
+    if not done:
+        out["outcome"] = "incomplete"
+    else:
+        out["outcome"] = "qualifies" if all(v["holds"] for v in c.values()) else "fails"
+    return out
+
+
+def r0_markdown(out: dict) -> str:
+    """Stage R0's table: each run's premise reading, then every criterion against its pre-registered threshold."""
+    plan = out["plan"]
+    lines = [
+        f"Pre-registered in analysis/regime.yaml, section stage_r0 (preset {plan['preset']}, seeds "
+        f"{', '.join(map(str, plan['seeds']))}, {plan['fixed']['steps']} steps, hard runs only).",
+        "",
+    ]
+    if not out["runs"]:
+        lines.append(
+            "Not run yet: no done run folder of the stage's seeds."
+            + (f" Unfinished: {', '.join(p['run'] for p in out['pending'])}." if out["pending"] else "")
+        )
+        return "\n".join(lines + ["", "```", R0_COMMAND, "```", ""])
+    lines += [
+        "| run | steps | reach A>0 | reach A<0 | in-zone clipped/token | mixed groups |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in out["runs"]:
+        zone = r["pos_zone_per_token"] + r["neg_zone_per_token"]
+        mixed = float(np.mean(r["mixed"])) if r["mixed"] else math.nan
+        lines.append(
+            f"| {r['run']} | {r['rows']} | {_g(r['pos_reach'])} | {_g(r['neg_reach'])} | {_g(zone)} | {_g(mixed)} |"
+        )
+    crit = plan["criteria"]
+    want = {
+        "reach_pos": f">= {crit['reach']['min_share']} (and >= 100 clipped)",
+        "reach_neg": f">= {crit['reach']['min_share']} (and >= 100 clipped)",
+        "zone_mass": f">= {crit['zone_mass']['min']}",
+        "signal": f">= {crit['signal']['min']}",
+        "complete": f"{len(plan['seeds'])} runs done, {plan['fixed']['steps']} steps each",
+    }
+    lines += ["", "| criterion | value | needs | holds |", "|---|---|---|---|"]
+    for name, v in out["criteria"].items():
+        val = _g(v["value"]) if isinstance(v["value"], float) else str(v["value"])
+        lines.append(f"| {name} | {val} | {want[name]} | {'yes' if v['holds'] else 'no'} |")
+    if out["pending"]:
+        lines += ["", f"Unfinished: {', '.join(p['run'] + ' (' + str(p['state']) + ')' for p in out['pending'])}."]
+    lines += ["", f"**Outcome: {out['outcome']}** ({plan['outcomes'].get(out['outcome'], 'stage not complete')})"]
+    return "\n".join(lines + ["", "```", R0_COMMAND, "```", ""])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.regime", description=__doc__.split("\n\n")[0])
     p.add_argument("root", help="a folder of run folders, e.g. results/runs/regime_search")
@@ -691,6 +796,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.stage == "a3":
             print(a3_markdown(a3_readout(a.root, a.regime, a.gates)), end="")
+            return 0
+        if a.stage == "r0":
+            print(r0_markdown(r0_readout(a.root, a.regime)), end="")
             return 0
         print_readout(regime_readout(a.root, a.regime, a.sweep, a.stage, a.gates))
     except ValueError as e:
