@@ -88,10 +88,11 @@ def preflight(cfg: RunConfig) -> None:
 
 
 # ---------------------------------------------------------------- tiny: the CPU testbed
-def _tiny_run(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
+def _tiny_run(cfg: RunConfig, rd: RunDir, progress: bool, before_step=None) -> None:
+    """``before_step``: experiments.mechanism_probe's hook (experiments.tiny.train.train), called before each step."""
     from experiments.tiny.train import train
 
-    train(cfg, rd, progress=progress)
+    train(cfg, rd, progress=progress, before_step=before_step)
 
 
 def _tiny_preflight(cfg: RunConfig) -> None:
@@ -165,7 +166,10 @@ register(
         preflight=_openrlhf_preflight,
         identity=(*_METHOD, "model", "task", "openrlhf", "logging.keep_checkpoint"),
         plan=_openrlhf_plan,
-        fixed_resources=lambda cfg: {"nodes": cfg.openrlhf.nodes, "gpus_per_node": cfg.openrlhf.gpus_per_node},
+        fixed_resources=lambda cfg: {  # a CPU run's DeepSpeed ranks hold fake Ray GPUs only: it asks SLURM for none
+            "nodes": cfg.openrlhf.nodes,
+            "gpus_per_node": 0 if cfg.openrlhf.cpu else cfg.openrlhf.gpus_per_node,
+        },
         on_ray_cluster=lambda cfg: cfg.openrlhf.nodes > 1,
         command=_openrlhf_command,
     )

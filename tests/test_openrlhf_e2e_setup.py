@@ -14,7 +14,7 @@ import pytest
 
 from experiments.config import ConfigError, load_config
 from experiments.evaluation import math as evaluate
-from experiments.models import qwen2
+from experiments.models import qwen2, smollm2
 from experiments.openrlhf import toy
 from experiments.openrlhf.argv import CPU_SETTINGS, build_command
 from nsr.openrlhf.launch import CPU_ENV
@@ -30,16 +30,37 @@ def openrlhf_presets() -> dict[str, object]:
     return {name: cfg for name, cfg in cfgs.items() if cfg.backend == "openrlhf"}
 
 
-def test_only_the_cpu_preset_switches_the_shim_on(tmp_path):
+CPU_PRESETS = {"openrlhf-cpu", "smollm2-openrlhf-cpu"}
+
+
+def test_only_the_cpu_presets_switch_the_shim_on(tmp_path):
     presets = openrlhf_presets()
-    assert {"openrlhf-cpu", "qwen2.5-math-7b-dapo", "qwen3-8b-dapo", "qwen3-30b-a3b-gspo"} <= set(presets)
+    assert {*CPU_PRESETS, "qwen2.5-math-7b-dapo", "qwen3-8b-dapo", "qwen3-30b-a3b-gspo"} <= set(presets)
     for name, cfg in presets.items():
         cmd = build_command(cfg, tmp_path / name, name)
-        cpu = name == "openrlhf-cpu"
-        assert qwen2.is_cpu_model(cfg) == cpu, name
+        cpu = name in CPU_PRESETS
+        assert cfg.openrlhf.cpu == cpu, name
         assert cmd.env == ({CPU_ENV: "1"} if cpu else {}), name
         model = cmd.openrlhf_argv[cmd.openrlhf_argv.index("--actor.model_name_or_path") + 1]
-        assert (model == str(qwen2.model_dir(cfg))) if cpu else (model == cfg.model.name), name
+        if qwen2.is_toy_model(cfg):
+            assert model == str(qwen2.model_dir(cfg)), name
+        elif cfg.model.name == smollm2.NAME:  # the prepared folder, named without converting anything
+            assert model == str(smollm2.folder_for()) and model.endswith(smollm2.GGUF_SHA256[:16] + "-v1"), name
+        else:
+            assert model == cfg.model.name, name
+
+
+def test_the_cpu_path_is_switched_by_the_field_not_the_model(tmp_path):
+    """openrlhf.cpu alone decides: the toy model without it runs no shim (and needs none of the CPU settings), a
+    cluster preset's model with it (and the CPU settings) runs the shim."""
+    toy_cfg = load_config(CPU_PRESET, ["openrlhf.cpu=false", "openrlhf.extra_args=[]"])
+    assert build_command(toy_cfg, tmp_path / "a", "a").env == {}
+    extra = "openrlhf.extra_args=[--vllm.sync_backend, gloo, --vllm.enforce_eager, --ds.attn_implementation, eager]"
+    big = ["openrlhf.cpu=true", "openrlhf.colocate_all=false", "openrlhf.packing_samples=false", extra]
+    cfg = load_config(PRESETS / "qwen2.5-math-7b-dapo.yaml", big)
+    assert build_command(cfg, tmp_path / "b", "b").env == {CPU_ENV: "1"}
+    with pytest.raises(ConfigError, match=r"openrlhf\.colocate_all=True is not valid with openrlhf\.cpu=true"):
+        build_command(load_config(PRESETS / "qwen2.5-math-7b-dapo.yaml", ["openrlhf.cpu=true"]), tmp_path / "c", "c")
 
 
 def test_the_launcher_imports_the_shim_only_when_switched_on(tmp_path):
@@ -180,7 +201,7 @@ def test_evaluator_uses_one_eager_engine_without_a_gpu(monkeypatch):
 
 def test_shim_test_switches_are_checked(monkeypatch):
     """The shim's test-only switches: the stale-engine count is validated naming the variable; raw log-probs only when
-    asked for; the toy model has untied embeddings (the CPU weight sync refuses tied ones)."""
+    asked for; the toy model keeps its untied embeddings (its numbers unchanged since tied models are re-tied)."""
     from nsr.openrlhf import cpu_shim
 
     monkeypatch.delenv(cpu_shim.STALE, raising=False)

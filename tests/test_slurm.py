@@ -5,6 +5,7 @@ Ray bootstrap. Skipped with a reason when no cluster can be started (not root); 
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,17 @@ def finish(jobs):
     for j in jobs:
         with suppress(Exception):
             j.result()
+
+
+SMOLLM2_SMALL = (
+    "train.steps: 2, rollout.prompts_per_step: 4, rollout.samples_per_prompt: 4, eval.n_prompts: 4, eval.n_samples: 2"
+)
+"""Overrides of the 2-step SmolLM2 run on the local SLURM (the TRL preset's own batch otherwise)."""
+
+
+def _alloc_tres(job: str) -> str:
+    p = subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "AllocTRES%200"], capture_output=True, text=True)
+    return p.stdout.strip()
 
 
 def test_local_cluster_script_is_idempotent():
@@ -353,3 +365,27 @@ def test_a_sweep_packed_into_batches_runs_each_config_once(tmp_path, capsys):
     assert {r["state"] for r in table} == {"done"} and {r["sacct"] for r in table} == {"COMPLETED"}
     again = submit(sw, batch_size=1, **kw)
     assert again.submitted == [] and {d.reason for d in again.decisions} == {"done"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_a_smollm2_trl_run_requests_no_gpu_and_ends_done_on_slurm(tmp_path, capsys):
+    """`python -m slurm.submit SWEEP --preset smollm2-trl-cpu`: the dry run shows the preset's own resources (2 CPUs,
+    no GPU), and one 2-step run (a small batch) ends done on the local SLURM, whose job was granted those CPUs and no
+    GPU (sacct's AllocTRES)."""
+    sw = tmp_path / "smol.yaml"
+    body = f"base: {{{SMOLLM2_SMALL}}}\narms: {{nsr: {{loss.rule: nsr}}}}\n"
+    sw.write_text("name: smol\npreset: smollm2-trl-cpu\n" + body)
+    kw = ["--out-root", str(tmp_path / "runs"), "--log-dir", str(tmp_path / "logs")]
+    assert main([str(sw), "--dry-run", *kw]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"resources smollm2-trl-cpu: 1 node\(s\), 2 CPUs, [\d.]+ GB, \d+ min, no GPU", out), out
+    sub = submit(sw, cluster="slurm", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
+    (d,) = sub.submitted
+    finish(sub.jobs)
+    rd = RunDir(d.out)
+    assert rd.state() == "done", rd.status()
+    assert n_rows(d.out) == 2
+    job = str(sub.jobs[0].job_id)
+    tres = wait_for(lambda: _alloc_tres(job), 60, "sacct's AllocTRES")
+    assert "cpu=2" in tres and "gpu" not in tres, tres

@@ -274,3 +274,45 @@ def test_a_failing_member_of_a_packed_task_fails_alone(tmp_path, monkeypatch):
     assert "nsr broke" in states["nsr"]["error"]
     again = submit(sw, batch_size=8, dry_run=True, **kw)
     assert again.submitted == [] and again.tasks == 0
+
+
+def test_a_preset_carries_its_own_resources_and_the_site_entry_wins(tmp_path):
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    own = "preset:\n  max_seeds: 1\n  slurm: {cpus_per_task: 2, mem_gb: 6, time_min: 20}\nbackend: tiny\n"
+    (presets / "mine.yaml").write_text(own + "train: {steps: 7}\n")
+    spec = expand("delta", preset="mine", presets_dir=presets)[0]
+    empty = {"path": tmp_path / "site.yaml", "default": {}, "presets": {}}
+    res = resources(empty, "mine", spec)
+    assert (res["cpus_per_task"], res["mem_gb"], res["time_min"], res["gpus_per_node"]) == (2, 6, 20, 0)
+    # the site's default does not override a preset's measured needs; the site's entry for the preset does
+    site = {**empty, "default": {"cpus_per_task": 1, "mem_gb": 2, "partition": "cpu"}}
+    assert resources(site, "mine", spec) == {**res, "partition": "cpu"}
+    site = {**empty, "presets": {"mine": {"time_min": 90}}}
+    assert resources(site, "mine", spec)["time_min"] == 90
+
+    (presets / "mine.yaml").write_text(own.replace("time_min: 20", "minutes: 20") + "train: {steps: 7}\n")
+    spec = expand("delta", preset="mine", presets_dir=presets)[0]
+    with pytest.raises(ConfigError, match=r"mine\.yaml: preset\.slurm: unknown key 'minutes'; allowed: cpus_per_task"):
+        resources(empty, "mine", spec)
+    (presets / "mine.yaml").write_text(own.replace("time_min: 20", "time_min: 1") + "train: {steps: 7}\n")
+    spec = expand("delta", preset="mine", presets_dir=presets)[0]
+    with pytest.raises(ConfigError, match=r"mine\.yaml: preset\.slurm\.time_min=1 is not valid; allowed: >= 2"):
+        resources(empty, "mine", spec)
+
+
+@pytest.mark.parametrize("preset", ["openrlhf-cpu", "smollm2-openrlhf-cpu"])
+def test_a_cpu_openrlhf_preset_requests_no_gpu(tmp_path, capsys, preset):
+    """openrlhf.cpu: the job asks for no GPU (the local SLURM has none), whatever openrlhf.gpus_per_node counts (the
+    DeepSpeed ranks, CPU processes); a site entry asking for GPUs is refused naming the field."""
+    spec = expand("delta", preset=preset)[0]
+    assert spec.config.openrlhf.cpu and spec.config.openrlhf.gpus_per_node >= 1
+    res = resources(load_site(), preset, spec)
+    assert res["gpus_per_node"] == 0 and res["nodes"] == 1
+    assert main(["delta", "--preset", preset, "--dry-run", "--out-root", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"resources {preset}: 1 node\(s\), \d+ CPUs, [\d.]+ GB, \d+ min, no GPU", out), out
+    bad = tmp_path / "site.yaml"
+    bad.write_text(f"presets:\n  {preset}: {{gpus_per_node: 1}}\n")
+    with pytest.raises(ConfigError, match=r"gpus_per_node=1 .* is a CPU run \(openrlhf\.cpu=true\); allowed: 0"):
+        resources(load_site(bad), preset, spec)

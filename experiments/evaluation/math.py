@@ -67,6 +67,12 @@ def checkpoints(run_dir: Path, cfg: RunConfig) -> dict[int, str]:
 
 
 def benchmark_file(cfg: RunConfig, name: str) -> Path:
+    """``<data_dir>/<name>.jsonl``; for the generated arithmetic task, its own folder (the openrlhf backend writes its
+    evaluation problems there as the benchmark ``arithmetic``)."""
+    if cfg.task.name == "arithmetic":
+        from experiments.tasks.arithmetic import data_dir
+
+        return data_dir(cfg.task) / f"{name}.jsonl"
     folder = Path(cfg.task.data_dir) if cfg.task.data_dir else Path(cfg.task.train_data).parent
     return folder / f"{name}.jsonl"
 
@@ -131,8 +137,9 @@ def _generate(model: str, prompts: list[str], cfg: RunConfig, tp: int) -> dict[s
     llm = LLM(model=model, **engine_kwargs(cfg, tp, cpu_only()))
     if cfg.task.chat_template:
         tok = llm.get_tokenizer()
-        prompts = [
-            tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        render = {"tokenize": False, "add_generation_prompt": True}
+        prompts = [  # a chat prompt (the arithmetic task's, one-shot turn included) as it is, a text as a user turn
+            tok.apply_chat_template(p if isinstance(p, list) else [{"role": "user", "content": p}], **render)
             for p in prompts
         ]
     runs = {

@@ -27,9 +27,9 @@ from experiments.rundir import cache_dir
 from experiments.tasks.countdown import CHARS, EOS, N_POSITIONS, VOCAB_SIZE
 
 EOS_TEXT = "<eos>"
-CPU_MODELS = ("cpu-tiny-qwen2",)
-"""model.name values of the openrlhf backend's CPU path (built by experiments/openrlhf/toy.py); each switches a run
-onto that path."""
+TOY_MODELS = ("cpu-tiny-qwen2",)
+"""model.name values of the openrlhf backend's toy model (built by experiments/openrlhf/toy.py). What switches a run
+onto the CPU path is ``openrlhf.cpu``, not the model."""
 BUILD_VERSION = 5
 """Bump when the CPU model's build changes its numbers, so a stale cached model is not reused."""
 
@@ -117,8 +117,8 @@ def char_tokenizer():
 
 
 # ---------------------------------------------------------------- where the CPU model lives
-def is_cpu_model(cfg) -> bool:
-    return cfg.model.name in CPU_MODELS
+def is_toy_model(cfg) -> bool:
+    return cfg.model.name in TOY_MODELS
 
 
 def model_key(cfg) -> str:
@@ -132,6 +132,11 @@ def model_dir(cfg) -> Path:
 
 
 def model_path(cfg) -> str:
-    """What OpenRLHF and the evaluator load: the built folder for a CPU model, else ``model.name`` (a hub id or
-    a local folder). Pure: builds nothing (experiments/openrlhf/toy.py does)."""
-    return str(model_dir(cfg)) if is_cpu_model(cfg) else cfg.model.name
+    """What OpenRLHF and the evaluator load: the built folder for the toy model, SmolLM2's prepared folder for
+    ``smollm2-135m-instruct`` (an untied copy's with ``model.untie_embeddings``), else ``model.name`` (a hub id or a
+    local folder). Pure: builds nothing (experiments/openrlhf/toy.py and the backend's ``prepared_folder`` do)."""
+    if is_toy_model(cfg):
+        return str(model_dir(cfg))
+    from experiments.models.smollm2 import folder_for
+
+    return str(folder_for(cfg.model.name, untie=cfg.model.untie_embeddings))

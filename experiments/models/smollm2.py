@@ -249,6 +249,22 @@ def prepared_folder(name: str = NAME, *, untie: bool = False) -> tuple[Path | st
     return folder, {**info, "source": str(folder)}
 
 
+def folder_for(name: str = NAME, *, untie: bool = False) -> Path | str:
+    """Pure (reads and builds nothing): the folder :func:`prepared_folder` returns for ``name`` once prepared, for
+    command builders that must not convert (``slurm.submit --dry-run``, experiments/openrlhf/argv.py): the cached
+    conversion of the pinned GGUF for :data:`NAME`, a local folder as itself, a hub id unchanged; untied: the copy's
+    folder. Written by h33orl next to the names it mirrors (converted_folder, prepared_folder)."""
+    if name == NAME:
+        base: Path | str = _models_root() / f"{NAME}-{GGUF_SHA256[:16]}-v{CONVERSION_VERSION}"
+    else:
+        path = Path(name).expanduser()
+        base = path if path.is_dir() else name
+    if not untie:
+        return base
+    key = hashlib.sha256(f"{Path(base).resolve() if isinstance(base, Path) else base}".encode()).hexdigest()[:12]
+    return Path(_models_root()) / f"{Path(str(name)).name}-untied-{key}-v{CONVERSION_VERSION}"
+
+
 def _models_root() -> Path:
     from experiments.rundir import cache_dir
 

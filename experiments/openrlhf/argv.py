@@ -15,10 +15,10 @@ fires, so every arm would equal the baseline), batch sizes OpenRLHF/DeepSpeed ca
 colocation with a GPU count vLLM does not fill, extra_args that repeat a flag set from a field, a random-reward
 control with dynamic filtering or the overlong penalty, an eval.every that is not a checkpoint step, a decaying
 learning-rate schedule stretched by the prompt rows dynamic filtering needs (experiments/openrlhf/plan.py), and a
-CPU model (experiments/openrlhf/toy.py) without the settings a CPU run needs (:data:`CPU_SETTINGS`).
+CPU run (``openrlhf.cpu``) without the settings a CPU run needs (:data:`CPU_SETTINGS`).
 
-A CPU model runs with the CPU shim switched on: ``LaunchCommand.env`` then holds ``NSR_OPENRLHF_CPU=1``
-(nsr/openrlhf/cpu_shim.py); on the cluster it is empty.
+A CPU run (``openrlhf.cpu: true``, set by the CPU presets; not the model's name) runs with the CPU shim switched on:
+``LaunchCommand.env`` then holds ``NSR_OPENRLHF_CPU=1`` (nsr/openrlhf/cpu_shim.py); on the cluster it is empty.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiments.config import ConfigError, RunConfig
-from experiments.models.qwen2 import is_cpu_model, model_path
-from experiments.openrlhf.plan import CKPT_MAX_NUM, rows_needed, train_data_path
+from experiments.models.qwen2 import model_path
+from experiments.openrlhf.plan import ARITHMETIC, CKPT_MAX_NUM, rows_needed, train_data_path
 from nsr.openrlhf.launch import CPU_ENV
 from nsr.openrlhf.mapping import ESTIMATOR, LOSS_TYPE, check_random_reward
 from nsr.openrlhf.settings import NSRSettings
@@ -73,11 +73,20 @@ def check(cfg: RunConfig) -> None:
     o, r, t = cfg.openrlhf, cfg.rollout, cfg.train
     if cfg.backend != "openrlhf":
         _fail(f"backend={cfg.backend!r} is not valid here; allowed: openrlhf")
-    if not cfg.task.train_data:
+    if cfg.task.name == ARITHMETIC:  # generated on first use (experiments/tasks/arithmetic.py): its own files
+        from experiments.tasks.arithmetic import check_task
+
+        check_task(cfg.task)
+        if cfg.task.train_data:
+            _fail(
+                f"task.train_data={cfg.task.train_data!r} is not valid with task.name='arithmetic'; allowed: '' "
+                "(the task writes its own files)"
+            )
+    elif not cfg.task.train_data:
         _fail("task.train_data='' is not valid; allowed: a prompt JSONL made by python -m experiments.openrlhf.data")
     if cfg.model.name == "tiny-gpt2":
         _fail("model.name='tiny-gpt2' is the CPU testbed's model; allowed: a HF model id or local path")
-    if is_cpu_model(cfg):
+    if o.cpu:
         check_cpu(cfg)
     samples = r.prompts_per_step * r.samples_per_prompt
     if o.train_batch_size < 1 or samples % o.train_batch_size:
@@ -161,9 +170,9 @@ def check(cfg: RunConfig) -> None:
 
 
 def check_cpu(cfg: RunConfig) -> None:
-    """A CPU model (experiments/openrlhf/toy.py) runs OpenRLHF's loop on this machine's CPU: one node, no
-    colocation (vLLM has no sleep mode on CPU), no packing (flash-attention only), and :data:`CPU_SETTINGS`."""
-    o, name = cfg.openrlhf, f"model.name={cfg.model.name!r}"
+    """A CPU run (``openrlhf.cpu``) runs OpenRLHF's loop on this machine's CPU: one node, no colocation (vLLM has
+    no sleep mode on CPU), no packing (flash-attention only), and :data:`CPU_SETTINGS`."""
+    o, name = cfg.openrlhf, "openrlhf.cpu=true"
     for key, value, allowed, why in (
         ("nodes", o.nodes, 1, "the CPU run is one machine"),
         ("colocate_all", o.colocate_all, False, "vLLM has no sleep mode on CPU"),
@@ -312,5 +321,5 @@ def build_command(cfg: RunConfig, run_dir: str | Path, run_id: str, python: str 
             _fail(f"openrlhf.extra_args holds {name}; allowed: OpenRLHF flags only (the loss comes from loss.*)")
     orl = [x for f, vals in pairs for x in (f, *vals)] + extra
     nsr = nsr_settings(cfg, run_dir).to_argv()
-    env = {CPU_ENV: "1"} if is_cpu_model(cfg) else {}
+    env = {CPU_ENV: "1"} if cfg.openrlhf.cpu else {}
     return LaunchCommand(argv=[python, "-m", LAUNCHER, *nsr, *orl], openrlhf_argv=orl, nsr_argv=nsr, env=env)

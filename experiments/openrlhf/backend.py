@@ -14,9 +14,12 @@ checkpoints (only needed to resume training) and HF folders the evaluator will n
 job that finds training finished goes straight to evaluation. After evaluation the HF folders are deleted too
 unless ``logging.keep_checkpoint``.
 
-A CPU model (``model.name: cpu-tiny-qwen2``, sweeps/presets/openrlhf-cpu.yaml) is built in code with its toy data
-before the launcher starts (experiments/openrlhf/toy.py), and the launcher runs with the CPU shim switched on
-(``LaunchCommand.env``; nsr/openrlhf/cpu_shim.py).
+The toy model (``model.name: cpu-tiny-qwen2``, sweeps/presets/openrlhf-cpu.yaml) is built in code with its toy data
+before the launcher starts (experiments/openrlhf/toy.py). A CPU run (``openrlhf.cpu: true``, set by the CPU presets)
+starts the launcher with the CPU shim switched on (``LaunchCommand.env``; nsr/openrlhf/cpu_shim.py).
+SmolLM2 (``model.name: smollm2-135m-instruct``, or any model with ``model.untie_embeddings``) is prepared before the
+launcher starts (experiments/models/smollm2.py ``prepared_folder``: converted once per machine) and the run records
+``meta.model`` (name, gguf_sha256, weights_sha256, untied) in config.yaml; a resumed run refuses other weights.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from pathlib import Path
 import yaml
 
 from experiments.config import ConfigError, RunConfig
-from experiments.evaluation.math import STEP_DIR, eval_steps
-from experiments.models.qwen2 import is_cpu_model
+from experiments.evaluation.math import STEP_DIR, benchmark_file, eval_steps
+from experiments.models.qwen2 import is_toy_model, model_path
 from experiments.openrlhf.argv import build_command
-from experiments.openrlhf.plan import FILTER_HEADROOM, count_rows, rows_needed, train_data_path
+from experiments.openrlhf.plan import ARITHMETIC, FILTER_HEADROOM, count_rows, rows_needed, train_data_path
 from experiments.openrlhf.tensorboard import ratio_bins_from_tensorboard, rows_from_tensorboard
 from experiments.openrlhf.toy import prepare as prepare_cpu_model
 from experiments.rundir import REPO_ROOT, RunDir, read_jsonl
@@ -80,6 +83,30 @@ def resume_step(rd: RunDir) -> int | None:
     """global_step of the DeepSpeed checkpoint OpenRLHF will resume from (its ``latest`` tag file), or None."""
     latest = rd.path / "ckpt" / "_actor" / "latest"
     return _tag_step(latest.read_text().strip()) if latest.is_file() else None
+
+
+def write_task_data(cfg: RunConfig) -> dict[str, Path]:
+    """The generated arithmetic task (experiments/tasks/arithmetic.py; files written once, cached): OpenRLHF's prompt
+    file (whole seeded passes over the training problems, at least the rows the run draws: plan.train_data_path)
+    and the evaluator's benchmark ``arithmetic`` (the evaluation problems), next to the task's own files. Returns
+    {name: path} of what it wrote; nothing for another task."""
+    if cfg.task.name != ARITHMETIC:
+        return {}
+    from experiments.openrlhf.data import repeat_shuffled, write_jsonl
+    from experiments.tasks.arithmetic import read_rows, write_files
+
+    files = write_files(cfg.task)
+    written = {}
+    path, need = train_data_path(cfg), rows_needed(cfg)
+    if not path.is_file():
+        train = read_rows(files["train"])
+        write_jsonl(path, repeat_shuffled(train, -(-need // len(train)), seed=0))
+        written["train"] = path
+    bench = benchmark_file(cfg, ARITHMETIC)  # where the evaluator reads it
+    if ARITHMETIC in cfg.task.eval_benchmarks and not bench.is_file():
+        write_jsonl(bench, read_rows(files["eval"]))
+        written[ARITHMETIC] = bench
+    return written
 
 
 def check_data(cfg: RunConfig) -> None:
@@ -147,15 +174,36 @@ def _run_logged(argv: list[str], log: Path, env: dict[str, str] | None = None) -
         raise RuntimeError(f"{argv[2] if len(argv) > 2 else argv[0]} exited with {rc}; end of {log}:\n{tail}")
 
 
+def prepare_model(cfg: RunConfig, rd: RunDir, resuming: bool) -> None:
+    """SmolLM2 (or an untied copy of a model): the folder OpenRLHF loads, made once per machine, and ``meta.model``
+    recorded in config.yaml on a fresh start; a resumed run that recorded one must find the same weights
+    (ModelSourceError, as the trl backend). Other models (the cluster's hub ids and folders) are read as they are."""
+    from experiments.models import smollm2
+
+    if cfg.model.name != smollm2.NAME and not cfg.model.untie_embeddings:
+        return
+    folder, info = smollm2.prepared_folder(cfg.model.name, untie=cfg.model.untie_embeddings)
+    if str(folder) != model_path(cfg):  # the folder the launcher command names (built without converting)
+        raise RuntimeError(f"{cfg.model.name}: prepared in {folder}, but the OpenRLHF command loads {model_path(cfg)}")
+    model = {k: info[k] for k in ("name", "gguf_sha256", "weights_sha256", "untied")}
+    started = (rd.read_config() or {}).get("meta", {}).get("model") if rd.config_path.exists() else None
+    if resuming:
+        smollm2.check_resume(started, model, rd.path)
+    if rd.config_path.exists():
+        rd.update_meta(model=model)
+
+
 def run_openrlhf(cfg: RunConfig, rd: RunDir, progress: bool = True) -> None:
     meta = (yaml.safe_load(rd.config_path.read_text()) or {}).get("meta", {}) if rd.config_path.exists() else {}
     run_id = meta.get("run_id") or rd.path.name
     cmd = build_command(cfg, rd.path, run_id)  # refusals before anything starts
-    if is_cpu_model(cfg):
+    if is_toy_model(cfg):
         prepare_cpu_model(cfg)  # the model and toy data, built in code once (cached); the evaluator reads both
+    write_task_data(cfg)  # a generated task's files (once; the evaluator reads its benchmark too)
     if not training_finished(rd, cfg):  # a requeued job whose training had ended goes on to the evaluation
         check_data(cfg)
         step = repair_checkpoints(rd.path / "ckpt")
+        prepare_model(cfg, rd, resuming=step is not None)
         if step is None:
             rd.reset_logs()
         else:

