@@ -24,6 +24,8 @@ Format (every key but ``arms`` or ``grid`` optional; dotted keys are RunConfig f
     tie: {sft.seed: seed}        # fields set to each run's seed (one warm start per seed: pairs share it)
     baseline: hard               # the arm the analysis pairs differences against
     status: ready                # default; `template` (placeholder values): --dry-run lists it, nothing runs it
+    preset_only: false           # true: the runs pin the preset's model and task (a stage on a real model), so
+                                 # --preset P other than the file's own is refused
 
 Run = preset < base < arm < (factor bundles, grid values) < seed (and the fields ``tie`` sets to it), in that
 precedence. A key set by an arm must not
@@ -60,7 +62,20 @@ from experiments.yamlio import read_yaml
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 """The sweep files (data, not code: ``sweeps/*.yaml``) and their presets (``sweeps/presets/*.yaml``)."""
 PRESETS_DIR = SWEEPS_DIR / "presets"
-TOP_KEYS = ("name", "description", "preset", "base", "grid", "factors", "arms", "seeds", "tie", "baseline", "status")
+TOP_KEYS = (
+    "name",
+    "description",
+    "preset",
+    "base",
+    "grid",
+    "factors",
+    "arms",
+    "seeds",
+    "tie",
+    "baseline",
+    "status",
+    "preset_only",
+)
 TIE_SOURCES = ("seed",)
 """What a ``tie:`` entry may copy: today only the run's seed (``tie: {sft.seed: seed}``: one warm start per seed)."""
 STATUSES = ("ready", "template")
@@ -109,6 +124,8 @@ class Sweep:
     status: str = "ready"
     tie: dict[str, str] = field(default_factory=dict)
     """{dotted key: source}: the key takes each run's value of ``source`` (``seed``)."""
+    preset_only: bool = False
+    """The runs need the file's own preset(s): ``--preset`` naming another is refused."""
 
 
 # ---------------------------------------------------------------- paths
@@ -319,7 +336,12 @@ def load_sweep(sweep: str | Path) -> Sweep:
     status = data.get("status", "ready")
     if status not in STATUSES:
         raise SweepError(f"{path}: status={status!r} is not valid; allowed: {', '.join(STATUSES)}")
-    return Sweep(path, name, description, tuple(presets), base, arms, tuple(seeds), baseline, status, dict(tie))
+    preset_only = data.get("preset_only", False)
+    if not isinstance(preset_only, bool):
+        raise SweepError(f"{path}: preset_only={preset_only!r} is not valid; allowed: true, false")
+    return Sweep(
+        path, name, description, tuple(presets), base, arms, tuple(seeds), baseline, status, dict(tie), preset_only
+    )
 
 
 def check_ready(sweep: str | Path | Sweep) -> None:
@@ -372,6 +394,11 @@ def expand(sweep: str | Path | Sweep, preset: str | None = None, presets_dir: Pa
     (default sweeps/presets). Raises SweepError on any bad value, before returning anything.
     """
     sw = sweep if isinstance(sweep, Sweep) else load_sweep(sweep)
+    if sw.preset_only and preset and Path(preset).stem not in sw.presets:
+        raise SweepError(
+            f"{sw.path}: preset_only: its runs pin the model and task of its own preset, so preset={preset!r} is "
+            f"refused; allowed: {', '.join(sw.presets)} (or no --preset)"
+        )
     presets = (preset,) if preset else sw.presets
     runs: list[RunSpec] = []
     for preset_name in presets:

@@ -165,7 +165,7 @@ def _every_sweep_and_preset():
         sw = load_sweep(name)
         if sw.status == "template":
             continue
-        for preset in (None, "tiny", "tiny-regime"):
+        for preset in (None,) if sw.preset_only else (None, "tiny", "tiny-regime"):
             yield name, preset
 
 
@@ -178,6 +178,16 @@ def test_every_run_of_every_sweep_passes_the_checks_of_its_start(name, preset):
     from slurm.submit import check_runs
 
     check_runs(expand(name, preset=preset), name)
+
+
+def test_a_preset_only_sweep_refuses_another_preset():
+    """Stage R0 pins SmolLM2 and its task: on the CPU testbed's preset it is refused at expansion, naming the key and
+    the allowed preset; on its own preset it expands."""
+    from experiments.sweep import SweepError, expand
+
+    with pytest.raises(SweepError, match=r"preset_only: .* preset='tiny' is refused; allowed: smollm2-trl-cpu"):
+        expand("regime_r0", preset="tiny")
+    assert {r.config.seed for r in expand("regime_r0", preset="smollm2-trl-cpu")} == {11, 12, 13}
 
 
 def test_submission_names_each_run_that_would_fail_at_its_start(tmp_path):
