@@ -85,7 +85,7 @@ NOT_TABLED = ("demo",)
 """Sweeps make_all never tables: `make demo`'s runs (results/runs/demo), drawn by analysis.demo itself."""
 
 
-FIXED_TABLES = ("main", "claims", "posthoc", "status", "judge_collapse", "stage_a", "stage_a2")
+FIXED_TABLES = ("main", "claims", "posthoc", "status", "judge_collapse", "stage_a", "stage_a2", "stage_a3", "stage_r0")
 """Tables make_all always names so (tables/<name>.md): a sweep of one of these names gets tables/<sweep>_sweep.md."""
 
 
@@ -435,6 +435,18 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
         head = "### Stage A2: regime search, direct gate (pre-registered; `python -m analysis.regime ROOT --stage a2`)"
         files.append(write_text(tab("stage_a2.md"), f"{head}\n\n{regime.readout_markdown(stage_a2)}", out))
         say(f"stage A2 readout (tables/stage_a2.md): {regime.verdict(stage_a2)}")
+    if (summary["sweep"] == "regime_a3").any():  # stage A3 (analysis/regime.yaml, section stage_a3): the gate alone
+        stage_a3 = regime.a3_readout(rs=rs)
+        head = "### Stage A3: the direct gate on the toy (pre-registered; `python -m analysis.regime ROOT --stage a3`)"
+        files.append(write_text(tab("stage_a3.md"), f"{head}\n\n{regime.a3_markdown(stage_a3)}", out))
+        say(f"stage A3 readout (tables/stage_a3.md): {stage_a3['outcome']} ({stage_a3['counted']} of 8 runs)")
+    if (summary["sweep"] == "regime_r0").any():  # stage R0 (section stage_r0): the premise meter on SmolLM2
+        stage_r0 = regime.r0_readout(Path(runs) / "regime_r0")
+        head = (
+            "### Stage R0: the premise meter on SmolLM2 (pre-registered; `python -m analysis.regime ROOT --stage r0`)"
+        )
+        files.append(write_text(tab("stage_r0.md"), f"{head}\n\n{regime.r0_markdown(stage_r0)}", out))
+        say(f"stage R0 readout (tables/stage_r0.md): {stage_r0['outcome']} ({len(stage_r0['runs'])} done runs)")
     for task in drawn:  # every figure is on disk before the README block and the report look for them
         files += task.result()
     if readme is not None:

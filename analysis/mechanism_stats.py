@@ -23,14 +23,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scipy import optimize
 from scipy import stats as sps
 
 from analysis.stats import holm, interval
 
 
-def load_states(path: str | Path) -> list[dict]:
-    """The states of a mechanism file (one JSON object per line; a truncated last line, from a test stopped while
-    writing, is dropped)."""
+def load_lines(path: str | Path) -> list[dict]:
+    """Every JSON line of a mechanism file, header lines ({"header": {...}}: git commit, command) included; a
+    truncated last line, from a test stopped while writing, is dropped."""
     lines = Path(path).read_text().splitlines()
     out = []
     for i, line in enumerate(lines):
@@ -43,6 +44,16 @@ def load_states(path: str | Path) -> list[dict]:
                 break
             raise ValueError(f"{path}: line {i + 1} is not JSON") from None
     return out
+
+
+def load_states(path: str | Path) -> list[dict]:
+    """The states of a mechanism file (one JSON object per line; header lines are skipped)."""
+    return [r for r in load_lines(path) if "header" not in r]
+
+
+def load_headers(path: str | Path) -> list[dict]:
+    """The header lines of a mechanism file (one per walk or resume: git commit, command, started)."""
+    return [r["header"] for r in load_lines(path) if "header" in r]
 
 
 def _runs(states: list[dict]) -> list:
@@ -111,9 +122,10 @@ def table(rows: list[dict], scale: float = 1e4) -> str:
 def gate(states: list[dict], rule: str = "soft", level: float = 0.95) -> dict:
     """The stage-A2 gate statistic of one candidate (training split).
 
-    Returns {runs, states, mean, lower (one-sided ``level`` lower bound of the mean over run means), p (one-sided,
-    H1: mean > 0), run_means, hard_change (mean one-step change of hard's own update), dose (the gradient weight the
-    rule's update gave clipped tokens, per valid token), clip_frac (hard's)}.
+    Returns {runs, states, mean, lower (one-sided ``level`` lower bound of the mean over run means), upper (the
+    one-sided ``level`` upper bound), p (one-sided, H1: mean > 0), run_means, hard_change (mean one-step change of
+    hard's own update), dose (the gradient weight the rule's update gave clipped tokens, per valid token), clip_frac
+    (hard's)}. Stage A3 reads the same statistic (analysis.regime.a3_readout).
     """
     runs = _runs(states)
     diff = np.array([s["train_after"][rule] - s["train_after"]["hard"] for s in states], dtype=np.float64)
@@ -126,11 +138,13 @@ def gate(states: list[dict], rule: str = "soft", level: float = 0.95) -> dict:
         p = float(sps.t.sf(mean / se, n - 1)) if se > 0 else (0.0 if mean > 0 else 1.0)
     else:
         lower, p = math.nan, math.nan
+    upper = 2 * mean - lower if math.isfinite(lower) else math.nan  # the one-sided bound the other way
     return {
         "runs": n,
         "states": len(states),
         "mean": mean,
         "lower": lower,
+        "upper": upper,
         "p": p,
         "run_means": [float(x) for x in means],
         "hard_change": float(np.mean([s["train_after"]["hard"] - s["train_before"] for s in states]))
@@ -139,6 +153,37 @@ def gate(states: list[dict], rule: str = "soft", level: float = 0.95) -> dict:
         "dose": float(np.mean([s["metrics"][rule].get("dose", math.nan) for s in states])) if states else math.nan,
         "clip_frac": float(np.mean([s["metrics"]["hard"]["clip_frac"] for s in states])) if states else math.nan,
     }
+
+
+def power_one_sided(effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the one-sided one-sample t-test (H1: mean > 0) at level ``alpha`` over ``n`` values of standard
+    deviation ``sd`` when the true mean is ``effect`` (noncentral t). NaN below 2 values or sd not > 0."""
+    if n < 2 or not math.isfinite(sd) or sd <= 0 or not math.isfinite(effect):
+        return math.nan
+    crit = float(sps.t.ppf(1 - alpha, n - 1))
+    return float(sps.nct.sf(crit, n - 1, effect / (sd / math.sqrt(n))))
+
+
+def mde_one_sided(n: int, sd: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest true mean the one-sided t-test over ``n`` values of SD ``sd`` detects with ``power``."""
+    if n < 2 or not math.isfinite(sd) or sd <= 0:
+        return math.nan
+    hi = sd
+    while power_one_sided(hi, sd, n, alpha) < power:
+        hi *= 2
+    return float(optimize.brentq(lambda e: power_one_sided(e, sd, n, alpha) - power, 1e-12 * sd, hi))
+
+
+def n_one_sided(effect: float, sd: float, alpha: float = 0.05, power: float = 0.8, n_max: int = 100_000) -> float:
+    """Smallest n whose one-sided t-test detects ``effect`` with ``power`` (NaN for effect <= 0 or no sd)."""
+    if not (math.isfinite(effect) and effect > 0 and math.isfinite(sd) and sd > 0):
+        return math.nan
+    n = 2
+    while power_one_sided(effect, sd, n, alpha) < power:
+        n += 1
+        if n > n_max:
+            return math.inf
+    return n
 
 
 def gate_family(results: dict[str, dict | None], alpha: float = 0.05) -> dict[str, dict]:
@@ -157,13 +202,13 @@ def gate_family(results: dict[str, dict | None], alpha: float = 0.05) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.mechanism", description=__doc__.split("\n\n")[0])
-    p.add_argument("file", help="a JSON-lines file of python -m experiments.mechanism --out")
+    p.add_argument("file", nargs="+", help="JSON-lines files of python -m experiments.mechanism --out (read as one)")
     p.add_argument("--gate", metavar="RULE", help="print the gate statistic of RULE - hard (training split)")
     a = p.parse_args(argv)
     try:
-        states = load_states(a.file)
+        states = [s for f in a.file for s in load_states(f)]
         if not states:
-            raise ValueError(f"{a.file}: no states")
+            raise ValueError(f"{', '.join(a.file)}: no states")
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -175,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps(gate(states, a.gate), indent=1))
         return 0
-    print(f"Paired mechanism test: {len(states)} states of {runs} hard baseline run(s) ({a.file})\n")
+    print(f"Paired mechanism test: {len(states)} states of {runs} hard baseline run(s) ({', '.join(a.file)})\n")
     print(table(summarize(states, labels)))
     return 0
 

@@ -34,8 +34,10 @@ HARD_ONLY_CRITERIA = ("reach", "clip", "not_saturated", "grad_clip_rare")
 """The stage-A criteria that read the hard runs only; only these may rule a candidate out early."""
 
 
-STAGES = ("a", "a2")
-"""Stages of the evidence plan in analysis/regime.yaml: stage A (the top level), stage A2 (section ``stage_a2``)."""
+STAGES = ("a", "a2", "a3", "r0")
+"""Stages of the evidence plan in analysis/regime.yaml: stage A (the top level), stage A2 (section ``stage_a2``),
+stage A3 (section ``stage_a3``: the gate alone, :func:`a3_readout`), stage R0 (section ``stage_r0``: the premise meter
+on SmolLM2, :func:`r0_readout`)."""
 
 
 def load_regime(path: str | Path = REGIME_FILE, stage: str = "a") -> dict:
@@ -44,6 +46,8 @@ def load_regime(path: str | Path = REGIME_FILE, stage: str = "a") -> dict:
     if stage not in STAGES:
         raise ValueError(f"stage={stage!r} is not valid; allowed: {', '.join(STAGES)}")
     regime = yaml.safe_load(Path(path).read_text())
+    if stage in ("a3", "r0"):
+        return {**regime[f"stage_{stage}"], "stage": stage}
     if stage == "a2":
         regime = {**regime["stage_a2"], "stage": "a2"}
         regime["stage_a_sweep"] = regime["sweep"]
@@ -521,16 +525,281 @@ def print_readout(out: dict) -> None:
     print(readout_markdown(out), end="")
 
 
+# ------------------------------------------------------------------------------------------------ stage A3
+A3_GATES = Path("results") / "mechanism" / "a3"
+"""Where stage A3's gate files are, relative to the repo: tl44-s<seed>.jsonl (analysis/regime.yaml, stage_a3)."""
+
+
+def a3_readout(
+    root: str | Path | None = None, regime_path: str | Path = REGIME_FILE, gates_dir: str | Path | None = None, rs=None
+) -> dict:
+    """Stage A3 (analysis/regime.yaml, ``stage_a3``): the pre-registered gate, soft - hard over the baseline runs'
+    means, from the run folders (``root``, or a loaded RunSet ``rs``) and the gate files (``gates_dir``, default
+    results/mechanism/a3). A seed counts once its folder is done and its file holds every pre-registered state;
+    the decision is made only when all of them count (``complete``). nsr - hard is computed beside it."""
+    from analysis.mechanism_stats import gate, load_states, mde_one_sided, n_one_sided, power_one_sided
+    from experiments.rundir import REPO_ROOT, RunDir
+    from experiments.sweep import expand
+
+    plan = load_regime(regime_path, "a3")
+    g = plan["gate"]
+    per_run = int(re.search(r"(\d+) per run", g["states"]).group(1))
+    alpha = float(g["alpha"])
+    frac = float(plan["sesoi"]["fraction_of_hard_change"])
+    gates = Path(gates_dir) if gates_dir is not None else REPO_ROOT / A3_GATES
+    specs = [s for s in expand(plan["sweep"]) if s.config.seed in plan["seeds"]]
+    states_of_run: dict[str, str] = {}
+    if rs is not None and len(rs.runs):
+        for rec in rs.runs.to_dict("records"):  # a done folder wins over an unfinished copy
+            if states_of_run.get(rec["hash"]) != "done":
+                states_of_run[rec["hash"]] = rec["state"]
+    elif root is not None and Path(root).is_dir():
+        from experiments.rundir import runs_by_hash
+
+        for h, folders in runs_by_hash(Path(root)).items():
+            done = any(RunDir(p).state() == "done" for p in folders)
+            states_of_run[h] = "done" if done else RunDir(folders[0]).state()
+    seeds, counted = [], []
+    for s in specs:
+        path = gates / f"tl44-s{s.config.seed}.jsonl"
+        got = load_states(path) if path.is_file() else []
+        steps = {x["step"] for x in got}
+        row = {
+            "seed": s.config.seed,
+            "run_id": s.run_id,
+            "run": states_of_run.get(s.config.run_hash()) or "not run",
+            "states": len(steps),
+        }
+        row["counts"] = row["run"] == "done" and len(steps) >= per_run
+        seeds.append(row)
+        if row["counts"]:
+            counted += got
+    out = {"plan": plan, "seeds": seeds, "expected": len(specs), "counted": sum(r["counts"] for r in seeds)}
+    out["complete"] = out["counted"] == out["expected"] and out["expected"] > 0
+    if not counted:
+        out.update(gate=None, beside=None, outcome="pending")
+        return out
+    res = gate(counted, g["rule"])
+    beside = gate(counted, plan["beside"]["rule"]) if plan["beside"]["rule"] in counted[0]["train_after"] else None
+    n = res["runs"]
+    sd = float(np.std(res["run_means"], ddof=1)) if n >= 2 else math.nan
+    h = res["hard_change"]
+    sesoi = frac * abs(h)
+    mde_n = mde_one_sided(len(specs), sd, alpha) if math.isfinite(sd) else math.nan
+    out["gate"] = {
+        **res,
+        "sd_run_means": sd,
+        "sesoi": sesoi,
+        "hard_gain_negative": h <= 0,
+        "mde": mde_n,
+        "mde_over_hard_change": mde_n / abs(h) if h else math.nan,
+        "power_at_sesoi": power_one_sided(sesoi, sd, len(specs), alpha),
+        "n_for_sesoi": n_one_sided(sesoi, sd, alpha),
+        "passes": bool(res["p"] < alpha) if out["complete"] else None,
+    }
+    out["beside"] = beside
+    if not out["complete"]:
+        out["outcome"] = "pending"
+    elif res["upper"] < 0:
+        out["outcome"] = "harmful"
+    elif out["gate"]["passes"]:
+        out["outcome"] = "passes"
+    else:
+        out["outcome"] = "fails_underpowered" if mde_n > sesoi else "fails_powered"
+    return out
+
+
+def _e(x) -> str:
+    """A pass@1 difference in units of 1e-4 (basis points of pass@1)."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{x * 1e4:+.3f}"
+
+
+A3_COMMAND = (
+    "python -m analysis.regime results/runs/regime_a3 --stage a3   # this table; the gate alone:\n"
+    "python -m analysis.mechanism results/mechanism/a3/tl44-s*.jsonl --gate soft"
+)
+
+
+def a3_markdown(out: dict) -> str:
+    """Stage A3's table: every seed's state, the gate's decision with its bound, SESOI and MDE, nsr - hard beside."""
+    plan = out["plan"]
+    lines = [
+        f"Pre-registered in analysis/regime.yaml, section stage_a3 (regime {plan['regime']}, seeds "
+        f"{plan['seeds'][0]}-{plan['seeds'][-1]}, one warm start per seed). Differences of exact training-split "
+        "pass@1 after one update, in units of 1e-4.",
+        "",
+        "| seed | run folder | gate states |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {r['seed']} | {r['run']} | {r['states']} |" for r in out["seeds"]]
+    lines.append("")
+    g, b = out["gate"], out["beside"]
+    if g is None:
+        lines.append(f"Decision: none yet ({out['counted']} of {out['expected']} baseline runs complete).")
+        return "\n".join(lines + ["", "```", A3_COMMAND, "```", ""])
+    if not out["complete"]:
+        lines.append(
+            f"Decision: none yet: {out['counted']} of {out['expected']} baseline runs complete; the numbers below are"
+            " from those runs and decide nothing."
+        )
+    else:
+        words = {
+            "passes": "passes: soft's one-step update raises training-split pass@1 more than hard's",
+            "fails_underpowered": "fails: not detected at this power (the MDE is above the SESOI)",
+            "fails_powered": "fails: an effect of the SESOI's size would have been detected with 80% power",
+            "harmful": "fails: soft's update does worse than hard's (the one-sided 95% upper bound is below 0)",
+        }
+        lines.append(f"Decision (the one pre-registered test): **{words[out['outcome']]}**.")
+    lines += [
+        "",
+        "| measure | soft - hard (the gate) | nsr - hard (beside it, not a decision) |",
+        "|---|---|---|",
+        f"| baseline runs / states | {g['runs']} / {g['states']} | {b['runs'] if b else 'n/a'} / "
+        f"{b['states'] if b else 'n/a'} |",
+        f"| mean over run means | {_e(g['mean'])} | {_e(b['mean'] if b else None)} |",
+        f"| one-sided 95% lower bound | {_e(g['lower'])} | {_e(b['lower'] if b else None)} |",
+        f"| one-sided 95% upper bound | {_e(g['upper'])} | {_e(b['upper'] if b else None)} |",
+        f"| one-sided p (H1: mean > 0, df {g['runs'] - 1}) | {g['p']:.4f} | {b['p']:.4f} |"
+        if b
+        else f"| one-sided p (H1: mean > 0, df {g['runs'] - 1}) | {g['p']:.4f} | n/a |",
+        f"| hard's own one-step change H | {_e(g['hard_change'])} | |",
+        f"| SESOI = {plan['sesoi']['fraction_of_hard_change']} x |H| | {_e(g['sesoi'])} | |",
+        f"| SD of the run means | {_e(g['sd_run_means'])} | |",
+        f"| MDE at n = {out['expected']} (80% power, one-sided 0.05) | {_e(g['mde'])} "
+        f"({g['mde_over_hard_change']:.3f} x |H|; planned {plan['planning']['mde_n8'].split(' (')[0]}) | |",
+        f"| power at the SESOI | {g['power_at_sesoi']:.2f} (planned {plan['planning']['power_at_sesoi_n8']}) | |",
+        f"| baseline runs the SESOI needs at this spread | {g['n_for_sesoi']} | |",
+        f"| dose (gradient weight on clipped tokens per valid token) | {g['dose']:.5f} | "
+        f"{b['dose'] if b else math.nan:.5f} |",
+        f"| hard's clip fraction | {g['clip_frac']:.4f} | |",
+    ]
+    if g["hard_gain_negative"]:
+        lines.append("\nHard's own one-step change did not gain on average: the SESOI is 0.10 x |H|.")
+    return "\n".join(lines + ["", "```", A3_COMMAND, "```", ""])
+
+
 # ------------------------------------------------------------------------------------------------ CLI
+# ------------------------------------------------------------------------------------------------ stage R0
+def _g(x) -> str:
+    """A share or rate, 4 significant digits (n/a when missing)."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
+
+
+R0_COMMAND = "python -m analysis.regime results/runs/regime_r0 --stage r0   # per run: python -m analysis.premise RUN"
+
+
+def r0_readout(root: str | Path, regime_path: str | Path = REGIME_FILE) -> dict:
+    """Stage R0 (analysis/regime.yaml, ``stage_r0``): the premise meter of the hard runs in ``root``, pooled, and each
+    pre-registered criterion. Only folders of the stage's seeds with status done count; the others are listed."""
+    from analysis.premise import PremiseError
+    from analysis.premise import read_run as premise_run
+    from experiments.rundir import RunDir, read_rows
+
+    plan = load_regime(regime_path, "r0")
+    crit = plan["criteria"]
+    seeds, steps = list(plan["seeds"]), int(plan["fixed"]["steps"])
+    runs, pending = [], []
+    for folder in sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []:
+        rd = RunDir(folder)
+        cfg = rd.read_config() or {}
+        if cfg.get("seed") not in seeds:
+            continue
+        status = (rd.status() or {}).get("state")
+        if status != "done":
+            pending.append({"run": folder.name, "state": status})
+            continue
+        try:
+            reading = premise_run(folder)
+        except PremiseError as e:
+            raise ValueError(str(e)) from None
+        metrics, _ = read_rows(rd.metrics_path)
+        mixed = [r["mixed_group_frac"] for r in metrics if r.get("mixed_group_frac") is not None]
+        runs.append({**reading, "run": folder.name, "seed": cfg["seed"], "rows": len(metrics), "mixed": mixed})
+    out: dict = {"plan": plan, "runs": runs, "pending": pending, "criteria": {}}
+    if not runs:
+        out["outcome"] = "not run"
+        return out
+    c = out["criteria"]
+    floor = 100  # stage_r0.criteria.reach: a side with fewer clipped tokens in all fails as too few to measure
+    for side in ("pos", "neg"):
+        n = sum(r[f"{side}_clipped"] for r in runs)
+        share = (
+            sum(r[f"{side}_reach"] * r[f"{side}_clipped"] for r in runs if r[f"{side}_clipped"]) / n if n else math.nan
+        )
+        c[f"reach_{side}"] = {"value": share, "clipped": n, "holds": n >= floor and share >= crit["reach"]["min_share"]}
+    zone = float(np.mean([r["pos_zone_per_token"] + r["neg_zone_per_token"] for r in runs]))
+    c["zone_mass"] = {"value": zone, "holds": zone >= crit["zone_mass"]["min"]}
+    mixed = [m for r in runs for m in r["mixed"]]
+    signal = float(np.mean(mixed)) if mixed else math.nan
+    c["signal"] = {"value": signal, "holds": bool(mixed) and signal >= crit["signal"]["min"]}
+    done = len(runs) == len(seeds) and all(r["rows"] >= steps for r in runs)
+    c["complete"] = {"value": f"{len(runs)} of {len(seeds)} done", "holds": done}
+    if not done:
+        out["outcome"] = "incomplete"
+    else:
+        out["outcome"] = "qualifies" if all(v["holds"] for v in c.values()) else "fails"
+    return out
+
+
+def r0_markdown(out: dict) -> str:
+    """Stage R0's table: each run's premise reading, then every criterion against its pre-registered threshold."""
+    plan = out["plan"]
+    lines = [
+        f"Pre-registered in analysis/regime.yaml, section stage_r0 (preset {plan['preset']}, seeds "
+        f"{', '.join(map(str, plan['seeds']))}, {plan['fixed']['steps']} steps, hard runs only).",
+        "",
+    ]
+    if not out["runs"]:
+        lines.append(
+            "Not run yet: no done run folder of the stage's seeds."
+            + (f" Unfinished: {', '.join(p['run'] for p in out['pending'])}." if out["pending"] else "")
+        )
+        return "\n".join(lines + ["", "```", R0_COMMAND, "```", ""])
+    lines += [
+        "| run | steps | reach A>0 | reach A<0 | in-zone clipped/token | mixed groups |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in out["runs"]:
+        zone = r["pos_zone_per_token"] + r["neg_zone_per_token"]
+        mixed = float(np.mean(r["mixed"])) if r["mixed"] else math.nan
+        lines.append(
+            f"| {r['run']} | {r['rows']} | {_g(r['pos_reach'])} | {_g(r['neg_reach'])} | {_g(zone)} | {_g(mixed)} |"
+        )
+    crit = plan["criteria"]
+    want = {
+        "reach_pos": f">= {crit['reach']['min_share']} (and >= 100 clipped)",
+        "reach_neg": f">= {crit['reach']['min_share']} (and >= 100 clipped)",
+        "zone_mass": f">= {crit['zone_mass']['min']}",
+        "signal": f">= {crit['signal']['min']}",
+        "complete": f"{len(plan['seeds'])} runs done, {plan['fixed']['steps']} steps each",
+    }
+    lines += ["", "| criterion | value | needs | holds |", "|---|---|---|---|"]
+    for name, v in out["criteria"].items():
+        val = _g(v["value"]) if isinstance(v["value"], float) else str(v["value"])
+        lines.append(f"| {name} | {val} | {want[name]} | {'yes' if v['holds'] else 'no'} |")
+    if out["pending"]:
+        lines += ["", f"Unfinished: {', '.join(p['run'] + ' (' + str(p['state']) + ')' for p in out['pending'])}."]
+    lines += ["", f"**Outcome: {out['outcome']}** ({plan['outcomes'].get(out['outcome'], 'stage not complete')})"]
+    return "\n".join(lines + ["", "```", R0_COMMAND, "```", ""])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.regime", description=__doc__.split("\n\n")[0])
     p.add_argument("root", help="a folder of run folders, e.g. results/runs/regime_search")
     p.add_argument("--regime", default=str(REGIME_FILE))
     p.add_argument("--sweep", default=None, help="sweep whose runs are expected (default: regime.yaml's)")
     p.add_argument("--stage", default="a", choices=STAGES, help="stage of the plan (a2: section stage_a2)")
-    p.add_argument("--gates", default=None, help="stage a2: folder of the gate files (default results/mechanism/a2)")
+    p.add_argument(
+        "--gates", default=None, help="stage a2 / a3: folder of the gate files (default results/mechanism/a2, a3)"
+    )
     a = p.parse_args(argv)
     try:
+        if a.stage == "a3":
+            print(a3_markdown(a3_readout(a.root, a.regime, a.gates)), end="")
+            return 0
+        if a.stage == "r0":
+            print(r0_markdown(r0_readout(a.root, a.regime)), end="")
+            return 0
         print_readout(regime_readout(a.root, a.regime, a.sweep, a.stage, a.gates))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

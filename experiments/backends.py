@@ -88,10 +88,11 @@ def preflight(cfg: RunConfig) -> None:
 
 
 # ---------------------------------------------------------------- tiny: the CPU testbed
-def _tiny_run(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
+def _tiny_run(cfg: RunConfig, rd: RunDir, progress: bool, before_step=None) -> None:
+    """``before_step``: experiments.mechanism_probe's hook (experiments.tiny.train.train), called before each step."""
     from experiments.tiny.train import train
 
-    train(cfg, rd, progress=progress)
+    train(cfg, rd, progress=progress, before_step=before_step)
 
 
 def _tiny_preflight(cfg: RunConfig) -> None:

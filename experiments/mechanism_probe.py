@@ -17,6 +17,17 @@ per-run means, and the stage-A2 gate (docs/evidence.md).
         --out /tmp/mech.jsonl train.steps=8
     python -m analysis.mechanism mech.jsonl
 
+A sweep's baselines (stage A3, analysis/regime.yaml ``stage_a3``): ``--sweep regime_a3 --seeds 301-304`` walks the
+sweep's hard run of each seed on the single-run trainer and writes its run folder, results/runs/<sweep>/<run_id>/,
+exactly as ``python -m experiments.run --sweep regime_a3 --run <run_id>`` would (tests/test_mechanism_walk.py), with
+one gate file per seed (``--out 'results/mechanism/a3/tl44-s{seed}.jsonl'``). A stopped walk is rerun with the same
+command: each unfinished run resumes from its checkpoint, a finished one is skipped.
+
+    python -m experiments.mechanism --sweep regime_a3 --seeds 301-304 --rules soft,nsr --states 80 --start 20 \
+        --every 20 --no-held-out --score-dtype float32 --out 'results/mechanism/a3/tl44-s{seed}.jsonl'
+
+Every output file starts with a header line (git commit, command); analysis.mechanism skips it.
+
 Baseline runs: ``--runs N`` walks seeds seed, seed + 1, ...; ``--seeds 201-208`` names them; ``--tie-sft-seed``
 gives each its own warm start (sft.seed = the run's seed), as the sweeps that tie them. Scores: exact pass@1 on the
 task's held-out split and (unless ``--no-train-split``) on its training split; ``--no-held-out`` skips the first.
@@ -33,6 +44,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -222,22 +234,9 @@ def run_test(
             if step not in todo:
                 rl_step(model, opt, task, run_cfg, step)
                 continue
-            before, train_before = score(model, held), score(model, train)
-            snap = copy.deepcopy((model.state_dict(), opt.state_dict()))
-            after, train_after, mets, nxt = {}, {}, {}, None
-            for spec in specs:
-                m = copy.deepcopy(model)
-                m.load_state_dict(snap[0])
-                o = _adamw(m, cfg)
-                o.load_state_dict(copy.deepcopy(snap[1]))
-                row, bins = rl_step(m, o, task, run_cfg.replace(loss=spec.loss), step)
-                after[spec.label], train_after[spec.label] = score(m, held), score(m, train)
-                mets[spec.label] = {k: row.get(k, math.nan) for k in ("clip_frac", "rescue_frac", "grad_norm")}
-                mets[spec.label]["dose"] = _dose(row, bins)
-                if nxt is None:  # specs[0] is hard with the preset's loss: the baseline run's own update
-                    nxt = (m, o)
-            model, opt = nxt
-            results.append(StateResult(i, step, before, after, train_after, train_before, mets, seed, run_cfg.sft.seed))
+            res, nxt = walk_state(model, opt, run_cfg, specs, task, step, score, held, train)
+            model, opt = nxt  # specs[0] is hard with the preset's loss: the baseline run's own update
+            results.append(dataclasses.replace(res, run=i))
             if on_state is not None:
                 on_state(results[-1])
             if progress:
@@ -247,6 +246,181 @@ def run_test(
     if progress:
         print(file=sys.stderr)
     return results
+
+
+def walk_state(model, opt, run_cfg: RunConfig, specs: list[RuleSpec], task: Task, step: int, score, held, train):
+    """One state of a baseline run: exact pass@1 before, then one RL step of every rule from copies of (model,
+    opt) and exact pass@1 after each. (model, opt) are left unchanged. Returns (StateResult with run 0, (model,
+    optimizer) after the first spec's update: hard with the run's loss, the baseline run's own next state)."""
+    before, train_before = score(model, held), score(model, train)
+    snap = copy.deepcopy((model.state_dict(), opt.state_dict()))
+    after, train_after, mets, nxt = {}, {}, {}, None
+    for spec in specs:
+        m = copy.deepcopy(model)
+        m.load_state_dict(snap[0])
+        o = _adamw(m, run_cfg)
+        o.load_state_dict(copy.deepcopy(snap[1]))
+        row, bins = rl_step(m, o, task, run_cfg.replace(loss=spec.loss), step)
+        after[spec.label], train_after[spec.label] = score(m, held), score(m, train)
+        mets[spec.label] = {k: row.get(k, math.nan) for k in ("clip_frac", "rescue_frac", "grad_norm")}
+        mets[spec.label]["dose"] = _dose(row, bins)
+        if nxt is None:
+            nxt = (m, o)
+    res = StateResult(0, step, before, after, train_after, train_before, mets, run_cfg.seed, run_cfg.sft.seed)
+    return res, nxt
+
+
+# ------------------------------------------------------------------------------------------------ a sweep's runs
+def header(command: str, git: dict, **extra) -> dict:
+    """The header line of a mechanism file: {"header": {command, git_commit, git_dirty, started, ...}}; the analysis
+    (analysis.mechanism.load_states) skips it."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"header": {"command": command, **git, "started": started, **extra}}
+
+
+def baseline_specs(sweep: str | Path, seeds: list[int]) -> list:
+    """The sweep's baseline run (arm = the sweep's ``baseline``, rule hard) of each seed, in the order of ``seeds``;
+    ValueError naming the seeds the sweep has when one is missing."""
+    from experiments.sweep import check_ready, expand, load_sweep
+
+    sw = load_sweep(sweep)
+    check_ready(sw)
+    base = sw.baseline or "hard"
+    runs = [s for s in expand(sw) if s.meta.get("arm") == base and s.config.loss.rule == "hard"]
+    by_seed: dict[int, list] = {}
+    for s in runs:
+        by_seed.setdefault(s.config.seed, []).append(s)
+    out = []
+    for seed in seeds:
+        found = by_seed.get(seed, [])
+        if len(found) != 1:
+            have = sorted(by_seed)
+            raise ValueError(
+                f"--seeds: sweep {sw.name} has {len(found)} hard {base!r} runs of seed {seed}; allowed: seeds with "
+                f"exactly one ({', '.join(map(str, have)) or 'none'})"
+            )
+        out.append(found[0])
+    return out
+
+
+def _checkpoint_step(rd) -> int:
+    """The step a not-done run folder resumes from (its checkpoint's, 0 without one)."""
+    if not rd.checkpoint_path.exists():
+        return 0
+    return int(torch.load(rd.checkpoint_path, weights_only=True)["step"])
+
+
+def walk_sweep(
+    sweep: str | Path,
+    seeds: list[int],
+    rules: str,
+    n_states: int,
+    start: int,
+    every: int,
+    out_pattern: str,
+    *,
+    runs_root: str | Path | None = None,
+    train_split: bool = True,
+    held_out: bool = True,
+    score_dtype: torch.dtype = torch.float64,
+    progress: bool = False,
+    command: str = "",
+) -> list[StateResult]:
+    """Walk the baseline runs of ``sweep`` (one per seed) on the single-run trainer, each into its own run folder
+    ``runs_root/<sweep>/<run_id>`` (default results/runs), as ``python -m experiments.run --sweep SWEEP --run
+    <run_id>`` writes it, and test ``rules`` at its states (``n_states`` over the runs, from ``start`` every
+    ``every``), written to ``out_pattern.format(seed=seed)``: a header line (git commit, command), then a line per
+    state as it is measured.
+
+    A seed whose folder is done and whose file holds every state is skipped; a done folder whose file lacks states
+    is an error (nothing is rerun over a finished run). A folder that is not done resumes from its checkpoint
+    (experiments.run), and its file keeps the states up to that step (they are the same numbers) and gets a new
+    header. The config.yaml of each folder records the git commit of the walk's start (the code that runs)."""
+    from experiments.run import run
+    from experiments.rundir import RUNS_ROOT, RunDir, atomic_write_text, git_info
+
+    if "{seed}" not in out_pattern:
+        raise ValueError(f"--out {out_pattern!r} with --sweep: allowed: a path with {{seed}} (one file per run)")
+    bases = baseline_specs(sweep, seeds)
+    cfg0 = bases[0].config
+    specs = parse_rules(rules, cfg0.loss)
+    plan = state_steps(n_states, len(seeds), start, every, cfg0.train.steps)
+    root = Path(runs_root) if runs_root is not None else RUNS_ROOT
+    git = git_info()  # once: the code this process runs, recorded in every folder and file it writes
+    task = get_task(cfg0.task.name)
+    set_threads()
+    held = answer_set(task, task.eval_ids) if held_out else None
+    train = answer_set(task, task.train_ids) if train_split else None
+    results: list[StateResult] = []
+
+    if cfg0.backend != "tiny" or not _task_enumerable(cfg0.task.name):
+        raise ValueError(f"sweep {sweep}: backend {cfg0.backend!r}, task {cfg0.task.name!r}; allowed: backend tiny and "
+                         "a task whose answers can be enumerated")  # fmt: skip
+    todo_runs = []
+    for i, (spec, steps) in enumerate(zip(bases, plan)):  # every check before any work
+        cfg = spec.config
+        if cfg.task.name != cfg0.task.name or cfg.loss != cfg0.loss:
+            raise ValueError(f"{spec.run_id}: task or loss differs from {bases[0].run_id}; allowed: one regime")
+        rd = RunDir(root / spec.sweep / spec.run_id)
+        out = Path(out_pattern.format(seed=cfg.seed))
+        lines = _read_lines(out)
+        have = [r for r in lines if "header" not in r]
+        if rd.state() == "done":
+            missing = sorted(set(steps) - {r["step"] for r in have})
+            if not missing:
+                print(f"seed {cfg.seed}: {rd.path} done and {out} complete; skipped", file=sys.stderr)
+                results += [StateResult(**{**r, "run": i}) for r in have]
+                continue
+            raise ValueError(
+                f"{rd.path} is done but {out} lacks the states of steps {missing}; allowed: a done run with its "
+                "complete file (nothing is rerun over a finished run; remove both to walk it again)"
+            )
+        todo_runs.append((i, spec, steps, rd, out, lines, have))
+
+    for i, spec, steps, rd, out, lines, have in todo_runs:
+        cfg = spec.config
+        resume = _checkpoint_step(rd) if rd.path.exists() else 0
+        kept = [r for r in have if r["step"] <= resume]
+        head = header(command, git, sweep=spec.sweep, run_id=spec.run_id, seed=cfg.seed, resumed_from_step=resume)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        keep = [r for r in lines if "header" in r] + kept + [head]
+        atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in keep))
+        todo = set(steps) - {r["step"] for r in kept}
+        run_cfg = cfg
+        mine = [StateResult(**{**r, "run": i}) for r in kept]
+
+        def before_step(step, model, opt, run_cfg=run_cfg, todo=todo, out=out, mine=mine, i=i):
+            if step not in todo:
+                return
+
+            def score(m, a):
+                return expected_pass1(m, a, run_cfg.eval.temperature, score_dtype) if a is not None else math.nan
+
+            res, _ = walk_state(model, opt, run_cfg, specs, task, step, score, held, train)
+            res = dataclasses.replace(res, run=i)
+            append_jsonl(out, [res.__dict__])
+            mine.append(res)
+
+        run(run_cfg, rd.path, run_id=spec.run_id, meta={**spec.meta, **git}, progress=progress, before_step=before_step)
+        results += mine
+    return results
+
+
+def _read_lines(path: Path) -> list[dict]:
+    """The JSON lines of a mechanism file ([] if there is none; a truncated last line, from a walk stopped while
+    writing, is dropped)."""
+    if not path.exists():
+        return []
+    text = path.read_text().splitlines()
+    out = []
+    for j, line in enumerate(text):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                if j != len(text) - 1:
+                    raise ValueError(f"{path}: line {j + 1} is not JSON") from None
+    return out
 
 
 def _dose(row: dict, bins: dict | None) -> float:
@@ -299,9 +473,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-train-split", action="store_true", help="skip the training-split score (faster)")
     p.add_argument("--no-held-out", action="store_true", help="skip the held-out score (faster)")
     p.add_argument("--score-dtype", choices=("float64", "float32"), default="float64", help="exact pass@1 in this")
-    p.add_argument("--out", required=True, help="JSON-lines file: one line per state, written as it is measured")
+    p.add_argument(
+        "--sweep",
+        help="walk this sweep's hard baseline runs of --seeds on the single-run trainer, each into its run folder "
+        "(--runs-root/<sweep>/<run_id>, as experiments.run --sweep writes it); --out then names one file per seed "
+        "with {seed}; no --preset or overrides (the sweep has the config)",
+    )
+    p.add_argument("--runs-root", help="with --sweep: where the run folders go (default results/runs)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="JSON-lines file: a header line (git commit, command), then one line per state, written as it is measured",
+    )
     p.add_argument("--quiet", action="store_true")
     a = p.parse_intermixed_args(argv)  # overrides may come after the options
+    a.argv = argv
     try:
         seeds = parse_seeds(a.seeds) if a.seeds else None
         runs = len(seeds) if seeds else a.runs
@@ -310,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"{k}={v} is not valid; allowed: an integer >= 1")
         if a.no_train_split and a.no_held_out:
             raise ValueError("--no-train-split with --no-held-out scores nothing; allowed: at most one of them")
+        if a.sweep:
+            return _main_sweep(a, seeds, runs)
         cfg = load_config(a.preset, a.overrides)
         if cfg.backend != "tiny" or not _task_enumerable(cfg.task.name):
             enumerable = ", ".join(n for n in TASKS if _task_enumerable(n))
@@ -326,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.touch()
+    from experiments.rundir import git_info
+
+    append_jsonl(out, [header(_command(argv), git_info(), preset=a.preset)])
 
     def sink(result: StateResult) -> None:
         append_jsonl(out, [result.__dict__])
@@ -341,6 +531,43 @@ def main(argv: list[str] | None = None) -> int:
         f"{' ' + ' '.join(a.overrides) if a.overrides else ''}; seeds {[r.seed for r in results][:1]}..., steps "
         f"{a.start}, {a.start + a.every}, ...) in {time.perf_counter() - t0:.0f} s -> {out}\n"
         f"summary: python -m analysis.mechanism {out}"
+    )
+    return 0
+
+
+def _command(argv: list[str] | None) -> str:
+    import shlex
+
+    return shlex.join(["python", "-m", "experiments.mechanism", *(sys.argv[1:] if argv is None else argv)])
+
+
+def _main_sweep(a, seeds: list[int] | None, runs: int) -> int:
+    """--sweep: walk the sweep's baseline runs (:func:`walk_sweep`)."""
+    from experiments.sweep import SweepError
+
+    if a.preset != DEFAULT_PRESET or a.overrides or a.tie_sft_seed or not seeds:
+        print(
+            "error: --sweep takes its configs from the sweep: allowed with it: --seeds (required), no --preset, no "
+            "key=value overrides, no --tie-sft-seed (the sweep ties seeds)",
+            file=sys.stderr,
+        )
+        return 2
+    from experiments.rundir import RunFolderError
+
+    t0 = time.perf_counter()
+    try:
+        results = walk_sweep(
+            a.sweep, seeds, a.rules, a.states, a.start, a.every, a.out, runs_root=a.runs_root,
+            train_split=not a.no_train_split, held_out=not a.no_held_out, score_dtype=getattr(torch, a.score_dtype),
+            progress=not a.quiet, command=_command(a.argv),
+        )  # fmt: skip
+    except (ConfigError, SweepError, ValueError, RunFolderError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2 if not isinstance(e, RunFolderError) else 3
+    print(
+        f"{len(results)} states of {runs} baseline run(s) of sweep {a.sweep} (seeds {seeds}) in "
+        f"{time.perf_counter() - t0:.0f} s -> {a.out}\n"
+        f"summary: python -m analysis.mechanism {a.out.replace('{seed}', '*')} --gate soft"
     )
     return 0
 

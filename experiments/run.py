@@ -75,8 +75,12 @@ def run(
     meta: dict | None = None,
     force: bool = False,
     progress: bool = True,
+    before_step=None,
 ):
     """Run ``cfg`` into folder ``out`` (resuming it if it holds an unfinished run of the same config).
+
+    ``before_step(step, model, optimizer)`` (tiny backend only): called before each RL step with the run's state,
+    which it must leave unchanged (experiments.mechanism walks a baseline run this way).
 
     ``meta`` (e.g. ``{"sweep": "delta", "arm": "nsr", "point": {"loss.delta": 0.2}, "seed": 0}``) is stored in
     config.yaml's ``meta`` section, where the analysis finds each run's arm.
@@ -89,6 +93,8 @@ def run(
     files that cannot be read.
     """
     preflight(cfg)  # ConfigError before anything exists
+    if before_step is not None and cfg.backend != "tiny":
+        raise ConfigError(f"before_step with backend={cfg.backend!r}; allowed: backend tiny")
     rd = RunDir(out)
     if rd.path.exists() and not rd.path.is_dir():
         raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
@@ -98,7 +104,7 @@ def run(
         with rd.lock():
             check_folder(rd, cfg, force)
             started = True
-            return _run_locked(cfg, rd, run_id, meta, force, progress)
+            return _run_locked(cfg, rd, run_id, meta, force, progress, before_step)
     except RunFolderError:
         if not started:  # refused before anything was written: leave the place as it was
             with contextlib.suppress(OSError):
@@ -140,14 +146,17 @@ def check_folder(rd: RunDir, cfg: RunConfig, force: bool) -> None:
         )
 
 
-def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress: bool) -> dict:
+def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress: bool, before_step=None) -> dict:
     if force:
         rd.clear()
     rd.write_config(cfg, run_id=run_id, **(meta or {}))
     rd.set_status("running", run_hash=cfg.run_hash())
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        BACKENDS[cfg.backend].run(cfg, rd, progress)
+        if before_step is None:
+            BACKENDS[cfg.backend].run(cfg, rd, progress)
+        else:  # the tiny backend's hook (run() refuses it for any other)
+            BACKENDS[cfg.backend].run(cfg, rd, progress, before_step=before_step)
     except BaseException as e:
         # A second SIGTERM (SLURM sends several) must not interrupt the final status write.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

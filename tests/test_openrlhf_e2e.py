@@ -140,7 +140,8 @@ def test_nsr_run_killed_mid_run_resumes_with_a_sync_and_finishes(tmp_path):
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(command(*overrides, out=run_dir), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 1200
-        saved = (ckpt / "_actor" / "global_step2" / "metric.json", ckpt / "global_step2_hf" / "config.json")
+        # OpenRLHF writes the HF folder's tokenizer last (after config.json and the weights): the folder is whole then
+        saved = (ckpt / "_actor" / "global_step2" / "metric.json", ckpt / "global_step2_hf" / "tokenizer_config.json")
         while not all(p.is_file() for p in saved):
             assert first.poll() is None, f"the run ended before its step-2 checkpoint: {status(run_dir)}"
             assert time.time() < deadline, "no step-2 checkpoint after 20 min"

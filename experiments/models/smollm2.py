@@ -287,6 +287,9 @@ def check_resume(started: dict | None, info: dict, where) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(args):
+        print(f"usage: python -m experiments.models.smollm2 [MODEL]  (default {NAME})\n\n{__doc__}")
+        return 0
     name = args[0] if args else NAME
     folder = model_folder(name)
     model, _, info = load(name)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
@@ -221,11 +222,20 @@ def checkpoint_due(cfg: RunConfig, step: int) -> bool:
     return bool(every and step % every == 0 and step < last) or (step == last and cfg.logging.keep_checkpoint)
 
 
-def train(cfg: RunConfig, rd: RunDir, progress: bool = True, *, dtype: torch.dtype | None = None) -> None:
+def train(
+    cfg: RunConfig,
+    rd: RunDir,
+    progress: bool = True,
+    *,
+    dtype: torch.dtype | None = None,
+    before_step: Callable[[int, torch.nn.Module, torch.optim.Optimizer], None] | None = None,
+) -> None:
     """Run ``cfg`` on the tiny backend into ``rd``, resuming from ``rd.checkpoint_path`` if it exists.
 
     ``dtype``: tests only (None = float32, what every run uses): float64 for the engine-equivalence test of the
-    batched trainer (tests/test_batched.py)."""
+    batched trainer (tests/test_batched.py). ``before_step(step, model, optimizer)``: called before each RL step
+    with the run's state after step - 1 (experiments.mechanism_probe tests rules there); it must leave both
+    unchanged."""
     set_threads()
     progress = progress and cfg.logging.progress
     task = get_task(cfg.task.name)
@@ -258,6 +268,8 @@ def train(cfg: RunConfig, rd: RunDir, progress: bool = True, *, dtype: torch.dty
         total=tr.steps, initial=start, desc=f"tiny {cfg.loss.rule} (sft {sft_key(cfg)[:6]})", disable=not progress
     )
     for step in range(start + 1, tr.steps + 1):
+        if before_step is not None:
+            before_step(step, model, opt)
         t0 = time.perf_counter()
         row, bins = rl_step(model, opt, task, cfg, step, ref, gate)
         row["wall_s"] = time.perf_counter() - t0
