@@ -286,13 +286,16 @@ def check_resume(started: dict | None, info: dict, where) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if {"-h", "--help"} & set(args):
-        print(f"usage: python -m experiments.models.smollm2 [MODEL]  (default {NAME})\n\n{__doc__}")
-        return 0
-    name = args[0] if args else NAME
-    folder = model_folder(name)
-    model, _, info = load(name)
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.models.smollm2",
+        description="Build (once) and load a model as runs do; print its folder and identity (both sha256).",
+    )
+    p.add_argument("name", nargs="?", default=NAME, help=f"{NAME} (default) or a local Hugging Face folder")
+    p.add_argument("--untie", action="store_true", help="give the output layer its own copy of the embedding")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    folder, info = prepared_folder(args.name, untie=args.untie)
     print(json.dumps({"folder": str(folder), **info}, indent=1))
     return 0
 
