@@ -403,6 +403,8 @@ def sweep_members(
         if sweep.status == "template":  # placeholders: no run belongs to it until it is filled in
             continue
         for preset in presets:
+            if sweep.preset_only and preset not in sweep.presets:  # its runs exist only on its own preset(s)
+                continue
             try:
                 specs = expand(sweep, preset=preset, presets_dir=presets_dir)
             except (SweepError, ValueError) as e:
