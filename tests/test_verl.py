@@ -77,6 +77,7 @@ def test_rollout_correction_weights_as_vanilla():
 
 
 def test_nsr_rescues_and_reports_its_metrics():
+    nsr.verl.plugin._GENERATORS.clear()  # fresh streams: another test in this process may have drawn from seed 0's
     batch = dual_batch(seed=2)
     pl = nsr.verl.NSRPolicyLossConfig(loss_mode="nsr:nsr", delta=0.2, seed=0)
     loss, grad, met = run("nsr:nsr", actor("nsr:nsr", pl), batch)
