@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spread", nargs=2, type=int, metavar=("PROMPTS", "SAMPLES"),
                    help="measure the pass-rate spread of the first PROMPTS training problems")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, metavar="PATH", help="with --spread: also write the result (per-prompt rows)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     cfg = load_config(args.config, args.overrides)
     paths = write_files(cfg.task)
@@ -238,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         result = measure_spread(cfg, *args.spread, seed=args.seed)
         print(spread_table(result))
         print(f"{result['seconds']:.0f} s, {result['tokens']} tokens ({result['tokens'] / result['seconds']:.0f}/s)")
+        if args.json:
+            command = " ".join(["python -m experiments.tasks.arithmetic", *(sys.argv[1:] if argv is None else argv)])
+            record = {"command": command, "load_average": os.getloadavg(), **result}
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 

@@ -5,8 +5,10 @@ GRPOConfig (its default loss: the GRPOConfig's dapo with the same trust region; 
     python -m experiments.trl.bench sweeps/presets/smollm2-trl-cpu.yaml --trainer trl --steps 4
 
 One JSON line: seconds of each RL step (generation, rewards, the old log-probs and every update), their median over
-the steps after the first (TRL's start-up is in the first), the load average at the start and the end, the process's
-peak resident memory, and the size of one TRL checkpoint (with ``--checkpoint``). No run folder is written.
+the steps after the first (TRL's start-up is in the first), the seconds of each step's generation and of its whole
+rollout (generation, rewards, old log-probs; the rest of a step is its updates), the load average at the start and
+the end, the process's peak resident memory, and the size of one TRL checkpoint (with ``--checkpoint``). No run
+folder is written.
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _timed(fn, sink: list[float]):
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            sink.append(time.perf_counter() - t0)
+
+    return wrapper
+
+
 def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -45,6 +58,7 @@ def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
     data = Dataset.from_dict({"prompt": [r["prompt"] for r in rows], "label": [r["label"] for r in rows]})
     k = optimizer_steps_per_rl_step(cfg)
     times: list[float] = []
+    phases: dict[str, list[float]] = {}
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -68,6 +82,8 @@ def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
             trainer = NSRGRPOTrainer(**kw, loss=cfg.loss, advantages=cfg.advantages, seed=cfg.seed)
         else:
             trainer = GRPOTrainer(**kw)
+        for name in ("_generate", "_generate_and_score_completions"):  # the same methods in both trainers
+            setattr(trainer, name, _timed(getattr(trainer, name), phases.setdefault(name, [])))
         load0 = os.getloadavg()[0]
         trainer.train()
         ckpts = sorted(Path(tmp).glob("checkpoint-*"))
@@ -77,10 +93,14 @@ def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
         "threads": threads,
         "step_s": [round(t, 2) for t in times],
         "median_s_after_first": round(statistics.median(times[1:]), 2) if len(times) > 1 else None,
+        # per RL step: generation alone, and the whole rollout (generation, rewards, old log-probs, advantages);
+        # the step's rest is the minibatch updates
+        "generate_s": [round(t, 2) for t in phases["_generate"]],
+        "rollout_s": [round(t, 2) for t in phases["_generate_and_score_completions"]],
         "load_start": round(load0, 2),
         "load_end": round(os.getloadavg()[0], 2),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "checkpoint_mb": round(ckpt_bytes / 2**20) if ckpt_bytes else None,
+        "checkpoint_mb": round(ckpt_bytes / 2**20, 1) if ckpt_bytes else None,
         "weights_sha256": info["weights_sha256"][:16],
     }
 
