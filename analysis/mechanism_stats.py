@@ -119,16 +119,24 @@ def table(rows: list[dict], scale: float = 1e4) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ the gate
-def gate(states: list[dict], rule: str = "soft", level: float = 0.95) -> dict:
-    """The stage-A2 gate statistic of one candidate (training split).
+SPLITS = {"train": ("train_after", "train_before"), "held-out": ("after", "before")}
+"""The gate's score: --split train (the toy's stages A2 / A3: exact pass@1 on the training split) or held-out (the
+toy's held-out pass@1; stage R1's teacher-forced log-prob of the probe set, experiments.trl.probe)."""
+
+
+def gate(states: list[dict], rule: str = "soft", level: float = 0.95, split: str = "train") -> dict:
+    """The stage-A2 gate statistic of one candidate (``split``: training split by default, or held-out: SPLITS).
 
     Returns {runs, states, mean, lower (one-sided ``level`` lower bound of the mean over run means), upper (the
     one-sided ``level`` upper bound), p (one-sided, H1: mean > 0), run_means, hard_change (mean one-step change of
     hard's own update), dose (the gradient weight the rule's update gave clipped tokens, per valid token), clip_frac
     (hard's)}. Stage A3 reads the same statistic (analysis.regime.a3_readout).
     """
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is not valid; allowed: {', '.join(SPLITS)}")
+    after, before = SPLITS[split]
     runs = _runs(states)
-    diff = np.array([s["train_after"][rule] - s["train_after"]["hard"] for s in states], dtype=np.float64)
+    diff = np.array([s[after][rule] - s[after]["hard"] for s in states], dtype=np.float64)
     means = np.array([diff[[r == k for r in runs]].mean() for k in dict.fromkeys(runs)], dtype=np.float64)
     n = len(means)
     mean = float(means.mean()) if n else math.nan
@@ -147,9 +155,7 @@ def gate(states: list[dict], rule: str = "soft", level: float = 0.95) -> dict:
         "upper": upper,
         "p": p,
         "run_means": [float(x) for x in means],
-        "hard_change": float(np.mean([s["train_after"]["hard"] - s["train_before"] for s in states]))
-        if states
-        else math.nan,
+        "hard_change": float(np.mean([s[after]["hard"] - s[before] for s in states])) if states else math.nan,
         "dose": float(np.mean([s["metrics"][rule].get("dose", math.nan) for s in states])) if states else math.nan,
         "clip_frac": float(np.mean([s["metrics"]["hard"]["clip_frac"] for s in states])) if states else math.nan,
     }
@@ -204,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.mechanism", description=__doc__.split("\n\n")[0])
     p.add_argument("file", nargs="+", help="JSON-lines files of python -m experiments.mechanism --out (read as one)")
     p.add_argument("--gate", metavar="RULE", help="print the gate statistic of RULE - hard (training split)")
+    p.add_argument("--split", choices=list(SPLITS), default="train", help="the gate's score (default train)")
     a = p.parse_args(argv)
     try:
         states = [s for f in a.file for s in load_states(f)]
@@ -218,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.gate not in labels:
             print(f"error: --gate {a.gate!r}: allowed: {', '.join(x for x in labels if x != 'hard')}", file=sys.stderr)
             return 2
-        print(json.dumps(gate(states, a.gate), indent=1))
+        print(json.dumps(gate(states, a.gate, split=a.split), indent=1))
         return 0
     print(f"Paired mechanism test: {len(states)} states of {runs} hard baseline run(s) ({', '.join(a.file)})\n")
     print(table(summarize(states, labels)))

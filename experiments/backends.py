@@ -177,10 +177,10 @@ register(
 
 
 # ---------------------------------------------------------------- trl: TRL's GRPOTrainer
-def _trl_run(cfg: RunConfig, rd: RunDir, progress: bool) -> None:
+def _trl_run(cfg: RunConfig, rd: RunDir, progress: bool, before_step=None) -> None:
     from experiments.trl.train import run_trl
 
-    run_trl(cfg, rd, progress=progress)
+    run_trl(cfg, rd, progress=progress, before_step=before_step)
 
 
 def _trl_preflight(cfg: RunConfig) -> None:

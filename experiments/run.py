@@ -79,8 +79,10 @@ def run(
 ):
     """Run ``cfg`` into folder ``out`` (resuming it if it holds an unfinished run of the same config).
 
-    ``before_step(step, model, optimizer)`` (tiny backend only): called before each RL step with the run's state,
-    which it must leave unchanged (experiments.mechanism walks a baseline run this way).
+    ``before_step``: tiny backend, ``before_step(step, model, optimizer)`` called before each RL step with the run's
+    state (experiments.mechanism walks a baseline run this way); trl backend, ``before_step(step, trainer)`` called
+    once per RL step after its rollout is generated and before its updates (experiments.trl.probe). Either must leave
+    the run's state unchanged.
 
     ``meta`` (e.g. ``{"sweep": "delta", "arm": "nsr", "point": {"loss.delta": 0.2}, "seed": 0}``) is stored in
     config.yaml's ``meta`` section, where the analysis finds each run's arm.
@@ -93,8 +95,8 @@ def run(
     files that cannot be read.
     """
     preflight(cfg)  # ConfigError before anything exists
-    if before_step is not None and cfg.backend != "tiny":
-        raise ConfigError(f"before_step with backend={cfg.backend!r}; allowed: backend tiny")
+    if before_step is not None and cfg.backend not in ("tiny", "trl"):
+        raise ConfigError(f"before_step with backend={cfg.backend!r}; allowed: backend tiny or trl")
     rd = RunDir(out)
     if rd.path.exists() and not rd.path.is_dir():
         raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
@@ -155,7 +157,7 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
     try:
         if before_step is None:
             BACKENDS[cfg.backend].run(cfg, rd, progress)
-        else:  # the tiny backend's hook (run() refuses it for any other)
+        else:  # the tiny and trl backends' hook (run() refuses it for any other)
             BACKENDS[cfg.backend].run(cfg, rd, progress, before_step=before_step)
     except BaseException as e:
         # A second SIGTERM (SLURM sends several) must not interrupt the final status write.

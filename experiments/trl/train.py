@@ -254,9 +254,10 @@ def check_runnable(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
-def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after: int | None = None):
+def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after: int | None = None, before_step=None):
     """(NSRGRPOTrainer of ``cfg`` writing into ``rd``, evaluate function). ``stop_after``: the trainer stops after
-    this RL step as if killed (tests of the resume path)."""
+    this RL step as if killed (tests of the resume path). ``before_step(step, trainer)``: called once per RL step
+    ``step`` (1-based) after its rollout and before its updates (NSRGRPOTrainer.after_rollout)."""
     from transformers import PrinterCallback, TrainerCallback
 
     from nsr.trl import NSRGRPOTrainer
@@ -313,6 +314,8 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
         seed=cfg.seed,
     )
     trainer.remove_callback(PrinterCallback)  # TRL's log goes to metrics.jsonl, not stdout
+    if before_step is not None:
+        trainer.after_rollout = lambda t: before_step(t.state.global_step // k + 1, t)
     if trainer.accelerator.num_processes != 1:  # one process writes the run folder: CPU or one GPU
         raise ValueError(
             f"the trl backend runs in one process (CPU or one GPU); got {trainer.accelerator.num_processes} processes "
@@ -321,16 +324,18 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
     return trainer, run_eval
 
 
-def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int | None = None) -> None:
+def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int | None = None, before_step=None) -> None:
     """Run ``cfg`` on the trl backend into ``rd``, resuming from its latest TRL checkpoint if there is one.
 
     ``stop_after``: end after this RL step as if killed (tests of the resume path), leaving the folder unfinished.
+    ``before_step(step, trainer)``: called after each RL step's rollout, before its updates (experiments.trl.probe);
+    it must leave the trainer's state unchanged.
     """
     from experiments.threads import set_threads
 
     set_threads()
     progress = progress and cfg.logging.progress
-    trainer, run_eval = build_trainer(cfg, rd, progress, stop_after)
+    trainer, run_eval = build_trainer(cfg, rd, progress, stop_after, before_step)
     resume = latest_checkpoint(rd)
     if resume is None:
         for p in (rd.path / CHECKPOINT_DIR).glob("*"):  # a fresh start: nothing but the model record stays

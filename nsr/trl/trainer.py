@@ -108,6 +108,28 @@ class NSRGRPOTrainer(GRPOTrainer):
         self.premise = PremiseMeter(loss) if premise and loss.level == "token" else None
         self.premise_counts: torch.Tensor | None = None
         """The premise meter's (2, 3, N_BINS + 1) counts of the last logging window, summed over processes (host)."""
+        self.after_rollout = None
+        """Called as ``after_rollout(trainer)`` once per RL step, after its rollout is generated, scored and split into
+        the buffered minibatches and before its first update (experiments.trl.probe tests rules there); it must leave
+        the trainer as it found it."""
+        self.replaying = False
+        """While True, a training micro-step reads the buffered rollout and never generates (experiments.trl.probe
+        replays the RL step's updates on it)."""
+
+    # ------------------------------------------------------------------ the rollout hook
+    def _prepare_inputs(self, generation_batch):
+        """TRL's: generate once per RL step, then hand out the buffered micro-batches; then ``after_rollout``, once
+        per rollout. While ``replaying``, the buffered micro-batch of the current micro-step, without generating."""
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        if self.replaying:
+            return self._buffered_inputs[self._step % self.args.steps_per_generation]
+        every = self.args.steps_per_generation * self.num_iterations
+        fresh = self._step % every == 0 or self._buffered_inputs is None
+        out = super()._prepare_inputs(generation_batch)
+        if fresh and self.after_rollout is not None:
+            self.after_rollout(self)
+        return out
 
     # ------------------------------------------------------------------ advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

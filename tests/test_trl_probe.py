@@ -1,0 +1,181 @@
+"""experiments.trl.probe, the per-update gate on the trl backend (stage R1), on a tiny Qwen2 folder (tests/trl_tiny.py)
+with the SmolLM2 preset's arithmetic task and its loop made small. The tiny model cannot answer, so the walks train on
+random rewards (advantages.kind random_reward: every group has a signal) and the probe set keeps sampled completions
+whatever they say (``verify``); the real set is verified by the kit's math reward (make-set)."""
+
+import json
+
+import pytest
+
+pytest.importorskip("trl", reason="trl is installed by `make venv` (trl==1.16.0)")
+
+import trl_tiny  # noqa: E402
+
+from analysis import mechanism_stats  # noqa: E402
+from experiments.config import load_config  # noqa: E402
+from experiments.mechanism_probe import header, parse_rules  # noqa: E402
+from experiments.run import run  # noqa: E402
+from experiments.rundir import atomic_write_text  # noqa: E402
+from experiments.trl import probe  # noqa: E402
+
+PRESET = "sweeps/presets/smollm2-trl-cpu.yaml"
+SMALL = ["rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6",
+         "eval.n_prompts=2", "eval.every=0", "train.steps=3", "logging.checkpoint_every=0",
+         "advantages.kind=random_reward"]  # fmt: skip
+CLIPS = ["train.minibatches=2", "train.lr=0.05"]  # the second minibatch is stale and the step is large: tokens clip
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    root = tmp_path_factory.mktemp("probe")
+    mp.setenv("NSR_CACHE_DIR", str(root / "cache"))  # the task files go here, not into the repo's cache/
+    with trl_tiny.one_thread_frozen_gc():
+        folder = trl_tiny.save_models(root / "models")["dense"]
+        cfg = load_config(PRESET, [f"model.name={folder}", *SMALL, *CLIPS])
+        rows, summary = probe.make_probe_set(cfg, 2, 6, 4, 2, 0, verify=lambda text, label: True)
+        path = root / "set.jsonl"
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in [header("test", {}, **summary), *rows]))
+        yield {"root": root, "cfg": cfg, "folder": folder, "set": path, "rows": rows, "summary": summary}
+    mp.undo()
+
+
+def _walk(env, name, cfg=None, steps=(1, 2, 3), check_replay=True):
+    cfg = cfg or env["cfg"]
+    out = env["root"] / f"{name}.jsonl"
+    specs = parse_rules("soft,nsr", cfg.loss)
+    lines = probe.walk_run(cfg, env["root"] / name, specs, list(steps), probe.read_probe_set(env["set"]), out,
+                           check_replay=check_replay)  # fmt: skip
+    return lines, out
+
+
+def _rows(folder, name):
+    path = folder / name
+    if not path.exists():
+        import gzip
+
+        return [json.loads(x) for x in gzip.open(f"{path}.gz", "rt").read().splitlines()]
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def walked(env):
+    lines, out = _walk(env, "walk")
+    run(env["cfg"], env["root"] / "plain", progress=False)
+    return lines, out
+
+
+def test_probed_walk_writes_the_plain_runs_folder(env, walked):
+    walk, plain = env["root"] / "walk", env["root"] / "plain"
+    for name in ("metrics.jsonl", "ratio_bins.jsonl", "eval.jsonl"):
+        a, b = _rows(walk, name), _rows(plain, name)
+        for row in a + b:
+            row.pop("wall_s", None)
+        assert a == b and a, name
+    assert json.loads((walk / "status.json").read_text())["state"] == "done"
+
+
+def test_replay_is_the_trainers_own_update_and_the_state_is_restored(walked):
+    lines, _ = walked
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    for x, nxt in zip(lines, lines[1:] + [None]):
+        # replaying hard from the saved state gives the baseline's next weights, bit for bit
+        assert x["digest"]["hard_replay"] == x["digest"]["hard"] and x["same_as_hard"]["hard_replay"]
+        assert x["after"]["hard_replay"] == x["after"]["hard"]
+        if nxt is not None:  # hard's probe delta is the baseline's own step change: the next state starts there
+            assert nxt["before"] == x["after"]["hard"]
+            assert nxt["digest"]["hard"] != x["digest"]["hard"]  # and the weights did move
+    assert all(x["metrics"]["hard"]["update_norm"] > 0 for x in lines)
+
+
+def test_soft_differs_from_hard_exactly_when_something_is_clipped(env, walked):
+    lines, _ = walked
+    assert all(x["metrics"]["soft"]["clip_frac"] > 0 for x in lines)  # CLIPS: something is clipped at each state
+    assert not any(x["same_as_hard"]["soft"] for x in lines)
+    # one minibatch per rollout: every ratio is 1, nothing is clipped, every rule's update is hard's, bit for bit
+    on_policy = load_config(PRESET, [f"model.name={env['folder']}", *SMALL, "train.minibatches=1", "train.lr=0.05",
+                                     "train.allow_on_policy=true"])  # fmt: skip
+    lines1, _ = _walk(env, "onpolicy", on_policy, steps=(1, 3), check_replay=False)
+    for x in lines1:
+        assert x["metrics"]["soft"]["clip_frac"] == 0 and x["metrics"]["nsr"]["clip_frac"] == 0
+        assert x["same_as_hard"] == {"soft": True, "nsr": True}
+        assert x["after"]["soft"] == x["after"]["nsr"] == x["after"]["hard"]
+
+
+def test_walk_is_deterministic_and_the_gate_reads_it(env, walked):
+    lines, out = walked
+    again, _ = _walk(env, "again")
+    assert again == lines
+    states = mechanism_stats.load_states(out)
+    g = mechanism_stats.gate(states, "soft", split="held-out")
+    assert g["states"] == 3 and g["runs"] == 1
+    assert g["mean"] == pytest.approx(sum(x["after"]["soft"] - x["after"]["hard"] for x in lines) / 3)
+    assert g["hard_change"] == pytest.approx(sum(x["after"]["hard"] - x["before"] for x in lines) / 3)
+    assert mechanism_stats.load_headers(out)[0]["n_completions"] == len(env["rows"])
+
+
+def test_score_is_the_teacher_forced_log_prob(env):
+    import torch
+
+    from experiments.models.smollm2 import load
+
+    pset = probe.read_probe_set(env["set"])
+    model, _, _ = load(env["folder"])
+    total, per_token = probe.score(model, pset, 0.7, batch=3)  # padded batches
+    assert model.training  # the mode is restored
+    sums, means = [], []
+    with torch.no_grad():
+        model.eval()
+        for p, c in zip(pset.prompt_ids, pset.completion_ids):  # one unpadded sequence at a time
+            logits = model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1 : -1] / 0.7
+            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None]).sum().item()
+            sums.append(lp)
+            means.append(lp / len(c))
+    assert total == pytest.approx(sum(sums) / len(sums), rel=1e-5)
+    assert per_token == pytest.approx(sum(means) / len(means), rel=1e-5)
+
+
+def test_probe_set_is_held_out_seeded_and_ends_with_eos(env):
+    from experiments.rundir import read_jsonl
+    from experiments.tasks.arithmetic import write_files
+
+    rows, summary = env["rows"], env["summary"]
+    files = write_files(env["cfg"].task)
+    train = {r["problem_id"] for r in read_jsonl(files["train"])}
+    run_eval = {r["problem_id"] for r in read_jsonl(files["eval"])[: env["cfg"].eval.n_prompts]}
+    ids = [r["problem_id"] for r in rows]
+    assert summary["problem_ids"] and not (set(summary["problem_ids"]) & (train | run_eval))
+    assert all(ids.count(i) <= 2 for i in ids) and len(rows) == summary["kept"] > 0
+    assert all(r["completion_ids"][-1] == 100 and 100 not in r["completion_ids"][:-1] for r in rows)  # EOS once
+    again, _ = probe.make_probe_set(env["cfg"], 2, 6, 4, 2, 0, verify=lambda text, label: True)
+    assert again == rows
+    other, _ = probe.make_probe_set(env["cfg"], 2, 6, 4, 2, 1, verify=lambda text, label: True)
+    assert other != rows
+
+
+def test_refusals_name_the_field(env, tmp_path, capsys):
+    cfg = env["cfg"]
+    with pytest.raises(ValueError, match="eval.n_prompts=2"):
+        probe.held_out_rows(cfg, 1, 5)  # row 1 is one of the run's own eval problems
+    with pytest.raises(ValueError, match="task.n_eval=100"):
+        probe.held_out_rows(cfg, 50, 101)
+    pset = probe.read_probe_set(env["set"])
+    with pytest.raises(ValueError, match="weights_sha256"):
+        probe.check_probe_set(pset, cfg, {"weights_sha256": "0" * 64})
+    with pytest.raises(ValueError, match="task key"):
+        other = load_config(PRESET, [f"model.name={env['folder']}", *SMALL, *CLIPS, "task.n_train=400"])
+        probe.check_probe_set(pset, other, None)
+    specs = parse_rules("soft", cfg.loss)
+    with pytest.raises(ValueError, match="loss.rule='nsr'"):
+        probe.walk_run(cfg.replace(loss=cfg.loss.replace(rule="nsr")), tmp_path / "r", specs, [1], pset, tmp_path / "o")
+    with pytest.raises(ValueError, match="train.steps=3"):
+        probe.walk_run(cfg, tmp_path / "r", specs, [4], pset, tmp_path / "o")
+    base = ["--preset", PRESET, f"model.name={env['folder']}", *SMALL]
+    assert probe.main(["make-set", *base, "--problems", "0-5", "--out", str(tmp_path / "s.jsonl")]) == 2
+    assert "eval.n_prompts" in capsys.readouterr().err
+    assert probe.main(["walk", *base, "--probe-set", str(env["set"]), "--out", str(tmp_path / "o")]) == 2
+    assert "--run-dir" in capsys.readouterr().err
+    # the tiny model answers nothing: make-set with the kit's math reward refuses to write an empty set
+    out = tmp_path / "real.jsonl"
+    assert probe.main(["make-set", *base, "--problems", "2-3", "--samples", "2", "--out", str(out)]) == 2
+    assert "no correct completion" in capsys.readouterr().err and not out.exists()
