@@ -101,6 +101,7 @@ ABOVE = frozenset(
         "experiments.mechanism_probe",
         "experiments.mechanism",  # old path of experiments.mechanism_probe (a package: __main__ runs it)
         "experiments.mechanism.__main__",
+        "experiments.mechanism_trl",  # the trl backend's per-update gate (drives experiments.run)
         "experiments.bench",
         "experiments.bench.batch",
         "experiments.bench.gpu",

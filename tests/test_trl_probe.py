@@ -1,7 +1,8 @@
-"""experiments.trl.probe, the per-update gate on the trl backend (stage R1), on a tiny Qwen2 folder (tests/trl_tiny.py)
-with the SmolLM2 preset's arithmetic task and its loop made small. The tiny model cannot answer, so the walks train on
-random rewards (advantages.kind random_reward: every group has a signal) and the probe set keeps sampled completions
-whatever they say (``verify``); the real set is verified by the kit's math reward (make-set)."""
+"""experiments.mechanism_trl and experiments.trl.probe, the per-update gate on the trl backend (stage R1), on a tiny
+Qwen2 folder (tests/trl_tiny.py) with the SmolLM2 preset's arithmetic task and its loop made small. The tiny model
+cannot answer, so the walks train on random rewards (advantages.kind random_reward: every group has a signal) and the
+probe set keeps sampled completions whatever they say (``verify``); the real set is verified by the kit's math reward
+(make-set)."""
 
 import json
 
@@ -12,6 +13,7 @@ pytest.importorskip("trl", reason="trl is installed by `make venv` (trl==1.16.0)
 import trl_tiny  # noqa: E402
 
 from analysis import mechanism_stats  # noqa: E402
+from experiments import mechanism_trl  # noqa: E402
 from experiments.config import load_config  # noqa: E402
 from experiments.mechanism_probe import header, parse_rules  # noqa: E402
 from experiments.run import run  # noqa: E402
@@ -44,7 +46,7 @@ def _walk(env, name, cfg=None, steps=(1, 2, 3), check_replay=True):
     cfg = cfg or env["cfg"]
     out = env["root"] / f"{name}.jsonl"
     specs = parse_rules("soft,nsr", cfg.loss)
-    lines = probe.walk_run(cfg, env["root"] / name, specs, list(steps), probe.read_probe_set(env["set"]), out,
+    lines = mechanism_trl.walk_run(cfg, env["root"] / name, specs, list(steps), probe.read_probe_set(env["set"]), out,
                            check_replay=check_replay)  # fmt: skip
     return lines, out
 
@@ -105,7 +107,7 @@ def test_soft_differs_from_hard_exactly_when_something_is_clipped(env, walked):
 def test_walk_is_deterministic_and_the_gate_reads_it(env, walked):
     lines, out = walked
     again, _ = _walk(env, "again")
-    assert again == lines
+    assert [{**x, "wall_s": None} for x in again] == [{**x, "wall_s": None} for x in lines]
     states = mechanism_stats.load_states(out)
     g = mechanism_stats.gate(states, "soft", split="held-out")
     assert g["states"] == 3 and g["runs"] == 1
@@ -167,15 +169,16 @@ def test_refusals_name_the_field(env, tmp_path, capsys):
         probe.check_probe_set(pset, other, None)
     specs = parse_rules("soft", cfg.loss)
     with pytest.raises(ValueError, match="loss.rule='nsr'"):
-        probe.walk_run(cfg.replace(loss=cfg.loss.replace(rule="nsr")), tmp_path / "r", specs, [1], pset, tmp_path / "o")
+        nsr_cfg = cfg.replace(loss=cfg.loss.replace(rule="nsr"))
+        mechanism_trl.walk_run(nsr_cfg, tmp_path / "r", specs, [1], pset, tmp_path / "o")
     with pytest.raises(ValueError, match="train.steps=3"):
-        probe.walk_run(cfg, tmp_path / "r", specs, [4], pset, tmp_path / "o")
+        mechanism_trl.walk_run(cfg, tmp_path / "r", specs, [4], pset, tmp_path / "o")
     base = ["--preset", PRESET, f"model.name={env['folder']}", *SMALL]
-    assert probe.main(["make-set", *base, "--problems", "0-5", "--out", str(tmp_path / "s.jsonl")]) == 2
+    assert mechanism_trl.main(["make-set", *base, "--problems", "0-5", "--out", str(tmp_path / "s.jsonl")]) == 2
     assert "eval.n_prompts" in capsys.readouterr().err
-    assert probe.main(["walk", *base, "--probe-set", str(env["set"]), "--out", str(tmp_path / "o")]) == 2
+    assert mechanism_trl.main(["walk", *base, "--probe-set", str(env["set"]), "--out", str(tmp_path / "o")]) == 2
     assert "--run-dir" in capsys.readouterr().err
     # the tiny model answers nothing: make-set with the kit's math reward refuses to write an empty set
     out = tmp_path / "real.jsonl"
-    assert probe.main(["make-set", *base, "--problems", "2-3", "--samples", "2", "--out", str(out)]) == 2
+    assert mechanism_trl.main(["make-set", *base, "--problems", "2-3", "--samples", "2", "--out", str(out)]) == 2
     assert "no correct completion" in capsys.readouterr().err and not out.exists()
