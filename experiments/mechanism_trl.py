@@ -11,13 +11,14 @@ Two commands:
         --out results/mechanism/r1/probe_set.jsonl
     python -m experiments.mechanism_trl walk --sweep regime_r1 --seeds 21-28 --rules soft,nsr --start 5 --every 5 \\
         --states 80 --probe-set results/mechanism/r1/probe_set.jsonl --out 'results/mechanism/r1/s{seed}.jsonl'
-    python -m analysis.mechanism 'results/mechanism/r1/s*.jsonl' --gate soft --split held-out
+    python -m analysis.mechanism results/mechanism/r1/s*.jsonl --gate soft --split held-out
 
 ``make-set``: the probe set, made once before any walk from the starting model: for each held-out problem (rows
 ``--problems A-B`` of the task's eval split, which must lie after the ``eval.n_prompts`` rows a run evaluates, so they
 are disjoint from its training and its eval problems), ``--samples`` completions sampled at the rollout temperature
-(seeded from ``--seed``), kept (at most ``--keep`` per problem) if they end with EOS and the kit's math reward scores
-them 1. Written with its token ids, a header line (git commit, command, model hash, task key, problems).
+(seeded from ``--seed``), each cut as the rollout cuts it (at its first EOS or at rollout.max_new_tokens), kept (at most
+``--keep`` distinct ones per problem) if the kit's math reward scores them 1. Written with its token ids, a header line
+(git commit, command, model hash, task key, problems).
 
 ``walk``: a hard baseline run on the trl backend, written into its run folder exactly as ``python -m experiments.run``
 writes it (the same metrics.jsonl, ratio_bins.jsonl, eval.jsonl; wall-clock fields aside: tests/test_trl_probe.py),
@@ -35,12 +36,12 @@ rollout is generated, scored and split into minibatches (NSRGRPOTrainer.after_ro
 
 The score (experiments.trl.probe.score) is the teacher-forced log-probability at the rollout temperature of the probe
 set's completions given their prompts: ``before`` / ``after`` the mean over completions of the sum over completion
-tokens (EOS included), ``before_tok`` / ``after_tok`` the mean over completions of the per-token mean. Each line also
-has, per rule, the update's clip / rescue fractions and gradient norm (means over its micro-batches / optimizer steps),
-the norm of its weight change and a digest of the weights after it (``same_as_hard``: the rule's update left exactly the
-weights hard's did), and ``wall_s``, the seconds of each part (scores, snapshot, each replay, digests and restores).
-``--check-replay`` also replays hard (label ``hard_replay``): its digest must equal the baseline's (the replay is the
-trainer's update).
+tokens (EOS included where there is one), ``before_tok`` / ``after_tok`` the mean over completions of the per-token
+mean. Each line also has, per rule, the update's clip / rescue fractions and gradient norm (means over its micro-batches
+/ optimizer steps), the norm of its weight change and a digest of the weights after it (``same_as_hard``: the rule's
+update left exactly the weights hard's did), and ``wall_s``, the seconds of each part (scores, snapshot, each replay,
+digests and restores). ``--check-replay`` also replays hard (label ``hard_replay``): its digest must equal the
+baseline's (the replay is the trainer's update).
 
 The file is the toy's format (a header line, then one line per state: ``run``, ``seed``, ``step``, ``before``,
 ``after``, ``metrics``; the training-split fields are NaN), so ``python -m analysis.mechanism FILES --gate RULE

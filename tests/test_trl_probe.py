@@ -148,7 +148,9 @@ def test_probe_set_is_held_out_seeded_and_ends_with_eos(env):
     ids = [r["problem_id"] for r in rows]
     assert summary["problem_ids"] and not (set(summary["problem_ids"]) & (train | run_eval))
     assert all(ids.count(i) <= 2 for i in ids) and len(rows) == summary["kept"] > 0
-    assert all(r["completion_ids"][-1] == 100 and 100 not in r["completion_ids"][:-1] for r in rows)  # EOS once
+    for r in rows:  # cut as the rollout cuts: at the first EOS (id 100), else at max_new_tokens
+        c = r["completion_ids"]
+        assert 100 not in c[:-1] and (c[-1] == 100) == r["eos"] and (r["eos"] or len(c) == 6)
     again, _ = probe.make_probe_set(env["cfg"], 2, 6, 4, 2, 0, verify=lambda text, label: True)
     assert again == rows
     other, _ = probe.make_probe_set(env["cfg"], 2, 6, 4, 2, 1, verify=lambda text, label: True)

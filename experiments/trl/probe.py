@@ -5,7 +5,7 @@ the score, and saving / replaying / restoring one RL step of NSRGRPOTrainer in m
 * :func:`make_probe_set`: verified-correct completions of held-out problems (rows of the arithmetic task's eval split
   after the ``eval.n_prompts`` a run evaluates), sampled from the starting model at the rollout temperature, seeded;
 * :func:`score`: the teacher-forced log-probability at the rollout temperature of the probe set's completions (mean
-  over completions of the sum over completion tokens, EOS included; and of the per-token mean);
+  over completions of the sum over completion tokens, EOS included where there is one; and of the per-token mean);
 * :func:`snapshot` / :func:`restore`: weights, AdamW and scheduler state, every RNG state, the trainer's metric buffers
   and premise meter, micro-step and optimizer-step counters, copied in host memory and put back exactly;
 * :func:`replay`: one RL step's updates with another rule on the trainer's buffered rollout, as transformers' loop
@@ -43,7 +43,7 @@ class ProbeSet:
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
-    """Each completion's tokens up to and including its EOS."""
+    """Each completion's tokens up to and including its EOS, or its rollout.max_new_tokens tokens if it had none."""
     problem_ids: list[str]
     header: dict
 
@@ -98,8 +98,9 @@ def make_probe_set(
 ) -> tuple[list[dict], dict]:
     """(rows, summary): up to ``keep`` distinct correct completions of each held-out problem ``lo:hi``, sampled from
     cfg's starting model at the rollout temperature (``samples`` per problem, torch seeded from ``seed``); a completion
-    is kept if it ends with EOS within rollout.max_new_tokens and the kit's math reward scores it 1 (``verify(text,
-    label)``: another check, for tests on a model that cannot answer)."""
+    is its tokens up to its first EOS (included) or all rollout.max_new_tokens of them (the rollout's own cut; ``eos``
+    says which), kept if the kit's math reward scores it 1 (``verify(text, label)``: another check, for tests on a
+    model that cannot answer)."""
     from experiments.models.smollm2 import load
     from experiments.tasks.arithmetic import key as task_key
     from nsr.seeds import derive_seed
@@ -127,9 +128,7 @@ def make_probe_set(
             seen: set[tuple[int, ...]] = set()
             for c in ids:
                 sampled += 1
-                if eos not in c:
-                    continue
-                c = c[: c.index(eos) + 1]
+                c = c[: c.index(eos) + 1] if eos in c else c  # as the rollout: to EOS, or cut at max_new_tokens
                 ok = (verify or _math_correct)(tok.decode(c, skip_special_tokens=True), r["label"])
                 correct += ok
                 if ok and tuple(c) not in seen and len(seen) < keep:
@@ -140,6 +139,7 @@ def make_probe_set(
                             "label": r["label"],
                             "prompt_ids": pids,
                             "completion_ids": c,
+                            "eos": c[-1] == eos,
                             "completion": tok.decode(c, skip_special_tokens=True),
                         }
                     )
@@ -196,7 +196,7 @@ def check_probe_set(pset: ProbeSet, cfg: RunConfig, model_info: dict | None) -> 
 @torch.no_grad()
 def score(model, pset: ProbeSet, temperature: float, batch: int = SCORE_BATCH) -> tuple[float, float]:
     """(mean over completions of sum log p, mean over completions of mean log p per token): the teacher-forced
-    log-probability of each completion (EOS included) given its prompt, at ``temperature`` (logits / temperature, as
+    log-probability of each completion (its EOS included) given its prompt, at ``temperature`` (logits / temperature, as
     the rollout samples), in the model's dtype, eval mode (no dropout); the model's mode is restored."""
     was_training = model.training
     model.eval()
