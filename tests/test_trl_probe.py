@@ -184,3 +184,14 @@ def test_refusals_name_the_field(env, tmp_path, capsys):
     out = tmp_path / "real.jsonl"
     assert mechanism_trl.main(["make-set", *base, "--problems", "2-3", "--samples", "2", "--out", str(out)]) == 2
     assert "no correct completion" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_done_walk_is_skipped_and_never_rerun_over(env, walked):
+    lines, out = walked
+    before = out.read_text()
+    specs = parse_rules("soft,nsr", env["cfg"].loss)
+    pset = probe.read_probe_set(env["set"])
+    again = mechanism_trl.walk_run(env["cfg"], env["root"] / "walk", specs, [1, 2, 3], pset, out)
+    assert json.dumps(again) == json.dumps(lines) and out.read_text() == before  # done and complete: skipped, untouched
+    with pytest.raises(ValueError, match=r"lacks the states of steps \[1, 2, 3\]"):
+        mechanism_trl.walk_run(env["cfg"], env["root"] / "walk", specs, [1, 2, 3], pset, env["root"] / "other.jsonl")
