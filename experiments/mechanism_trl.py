@@ -38,10 +38,11 @@ The score (experiments.trl.probe.score) is the teacher-forced log-probability at
 set's completions given their prompts: ``before`` / ``after`` the mean over completions of the sum over completion
 tokens (EOS included where there is one), ``before_tok`` / ``after_tok`` the mean over completions of the per-token
 mean. Each line also has, per rule, the update's clip / rescue fractions and gradient norm (means over its micro-batches
-/ optimizer steps), the norm of its weight change and a digest of the weights after it (``same_as_hard``: the rule's
-update left exactly the weights hard's did), and ``wall_s``, the seconds of each part (scores, snapshot, each replay,
-digests and restores). ``--check-replay`` also replays hard (label ``hard_replay``): its digest must equal the
-baseline's (the replay is the trainer's update).
+/ optimizer steps), its dose (gradient weight on clipped tokens per valid token, from the premise meter), the norm of
+its weight change and a digest of the weights after it (``same_as_hard``: the rule's update left exactly the weights
+hard's did), and ``wall_s``, the seconds of each part (scores, snapshot, each replay, digests and restores).
+``--check-replay`` also replays hard (label ``hard_replay``): its digest must equal the baseline's (the replay is the
+trainer's update).
 
 The file is the toy's format (a header line, then one line per state: ``run``, ``seed``, ``step``, ``before``,
 ``after``, ``metrics``; the training-split fields are NaN), so ``python -m analysis.mechanism FILES --gate RULE

@@ -94,6 +94,11 @@ def test_soft_differs_from_hard_exactly_when_something_is_clipped(env, walked):
     lines, _ = walked
     assert all(x["metrics"]["soft"]["clip_frac"] > 0 for x in lines)  # CLIPS: something is clipped at each state
     assert not any(x["same_as_hard"]["soft"] for x in lines)
+    for x in lines:  # a rule's update leaves other weights than hard's exactly when it gave clipped tokens a gradient
+        assert x["metrics"]["hard"]["dose"] == 0 and x["metrics"]["hard_replay"]["dose"] == 0
+        for rule in ("soft", "nsr"):
+            assert (x["metrics"][rule]["dose"] > 0) == (not x["same_as_hard"][rule])
+    assert any(x["same_as_hard"]["nsr"] for x in lines) and not all(x["same_as_hard"]["nsr"] for x in lines)
     # one minibatch per rollout: every ratio is 1, nothing is clipped, every rule's update is hard's, bit for bit
     on_policy = load_config(PRESET, [f"model.name={env['folder']}", *SMALL, "train.minibatches=1", "train.lr=0.05",
                                      "train.allow_on_policy=true"])  # fmt: skip
@@ -101,6 +106,7 @@ def test_soft_differs_from_hard_exactly_when_something_is_clipped(env, walked):
     for x in lines1:
         assert x["metrics"]["soft"]["clip_frac"] == 0 and x["metrics"]["nsr"]["clip_frac"] == 0
         assert x["same_as_hard"] == {"soft": True, "nsr": True}
+        assert x["metrics"]["soft"]["dose"] == x["metrics"]["nsr"]["dose"] == 0
         assert x["after"]["soft"] == x["after"]["nsr"] == x["after"]["hard"]
 
 

@@ -284,10 +284,12 @@ def replay(tr, loss) -> dict[str, float]:
     """One RL step's updates with rule ``loss`` on the trainer's buffered rollout, as transformers' Trainer loop does
     them (its training_step per micro-batch; at each accumulation boundary the gradient clip, the optimizer step, the
     scheduler step, zero_grad and global_step + 1). Returns the update's clip_frac, rescue_frac (means over its
-    micro-batches) and grad_norm (mean over its optimizer steps). The trainer is left changed: restore() it."""
+    micro-batches), grad_norm (mean over its optimizer steps) and dose (:func:`clipped_weight`). The trainer is left
+    changed: restore() it."""
     ga = tr.args.gradient_accumulation_steps
     micro_steps = tr.args.steps_per_generation * tr.num_iterations
     start = {k: len(v) for k, v in tr._metrics["train"].items()}
+    weight0, tokens0 = clipped_weight(tr)
     model = tr.model_wrapped if tr.model_wrapped is not None else tr.model
     norms = []
     tr.nsr_loss = loss
@@ -311,11 +313,23 @@ def replay(tr, loss) -> dict[str, float]:
     def new(key):
         return tr._metrics["train"][key][start.get(key, 0) :]
 
+    weight, tokens = clipped_weight(tr)
     return {
         "clip_frac": float(np.mean(new("nsr/clip_frac"))),
         "rescue_frac": float(np.mean(new("nsr/rescue_frac"))),
         "grad_norm": float(np.mean(norms)) if norms else math.nan,
+        "dose": (weight - weight0) / (tokens - tokens0) if tokens > tokens0 else math.nan,
     }
+
+
+def clipped_weight(tr) -> tuple[float, float]:
+    """(gradient weight the premise meter has seen on clipped tokens, valid tokens it has seen) in its current window;
+    (nan, 0) without a meter. The dose of an update (the toy's, experiments.mechanism_probe._dose) is the change of
+    the first over the change of the second: the weight on clipped tokens relative to the unclipped gradient, per
+    valid token."""
+    if tr.premise is None:
+        return math.nan, 0.0
+    return float(tr.premise.counts()[:, 2].sum()), float(tr.premise.tokens)
 
 
 def weights_digest(model) -> str:
@@ -408,6 +422,7 @@ class Prober:
             "clip_frac": float(np.mean(logs["nsr/clip_frac"])) if logs.get("nsr/clip_frac") else math.nan,
             "rescue_frac": float(np.mean(logs["nsr/rescue_frac"])) if logs.get("nsr/rescue_frac") else math.nan,
             "grad_norm": math.nan,
+            "dose": (lambda w, t: w / t if t > 0 else math.nan)(*clipped_weight(tr)),
             "update_norm": update_norm(tr.model, p["weights"]),
         }
         digest = {"hard": weights_digest(tr.model), **p["digest"]}
