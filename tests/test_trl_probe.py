@@ -201,3 +201,26 @@ def test_a_done_walk_is_skipped_and_never_rerun_over(env, walked):
     assert json.dumps(again) == json.dumps(lines) and out.read_text() == before  # done and complete: skipped, untouched
     with pytest.raises(ValueError, match=r"lacks the states of steps \[1, 2, 3\]"):
         mechanism_trl.walk_run(env["cfg"], env["root"] / "walk", specs, [1, 2, 3], pset, env["root"] / "other.jsonl")
+
+
+def test_walk_command_on_a_sweep_writes_the_sweeps_run_folder(env, tmp_path, capsys):
+    import yaml
+
+    pairs = (kv.split("=", 1) for kv in [*SMALL, *CLIPS])
+    base = {"model.name": env["folder"], **{k: yaml.safe_load(v) for k, v in pairs}}
+    sweep = {"name": "probe_test", "preset": "smollm2-trl-cpu", "base": base, "arms": {"hard": {"loss.rule": "hard"}},
+             "seeds": [5, 6], "baseline": "hard"}  # fmt: skip
+    path = tmp_path / "probe_test.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    out = str(tmp_path / "gate" / "s{seed}.jsonl")
+    args = ["walk", "--sweep", str(path), "--seeds", "6", "--runs-root", str(tmp_path / "runs"), "--start", "2",
+            "--states", "1", "--probe-set", str(env["set"]), "--out", out, "--quiet"]  # fmt: skip
+    assert mechanism_trl.main(args) == 0, capsys.readouterr().err
+    (folder,) = (tmp_path / "runs" / "probe_test").iterdir()
+    assert json.loads((folder / "status.json").read_text())["state"] == "done"
+    heads = mechanism_stats.load_headers(tmp_path / "gate" / "s6.jsonl")
+    states = mechanism_stats.load_states(tmp_path / "gate" / "s6.jsonl")
+    assert [s["step"] for s in states] == [2] and states[0]["seed"] == 6
+    assert heads[0]["run_id"] == folder.name and "--sweep" in heads[0]["command"]
+    assert mechanism_trl.main([*args[:-3], "--out", str(tmp_path / "no_seed.jsonl")]) == 2  # one file per seed
+    assert "{seed}" in capsys.readouterr().err
