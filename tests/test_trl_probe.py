@@ -224,3 +224,24 @@ def test_walk_command_on_a_sweep_writes_the_sweeps_run_folder(env, tmp_path, cap
     assert heads[0]["run_id"] == folder.name and "--sweep" in heads[0]["command"]
     assert mechanism_trl.main([*args[:-3], "--out", str(tmp_path / "no_seed.jsonl")]) == 2  # one file per seed
     assert "{seed}" in capsys.readouterr().err
+
+
+def test_a_stopped_walk_resumes_from_its_checkpoint(env, walked, monkeypatch):
+    lines, _ = walked
+    cfg = load_config(PRESET, [f"model.name={env['folder']}", *SMALL, *CLIPS, "logging.checkpoint_every=1"])
+    real_finish = probe.Prober.finish
+
+    def crash_at_step_2(self, tr):  # a job killed while it ends step 2: step 1's checkpoint is the last one
+        if self.pending["step"] == 2:
+            raise RuntimeError("killed")
+        real_finish(self, tr)
+
+    monkeypatch.setattr(probe.Prober, "finish", crash_at_step_2)
+    with pytest.raises(RuntimeError, match="killed"):
+        _walk(env, "stopped", cfg)
+    assert [x["step"] for x in mechanism_stats.load_states(env["root"] / "stopped.jsonl")] == [1]
+    monkeypatch.setattr(probe.Prober, "finish", real_finish)
+    resumed, out = _walk(env, "stopped", cfg)
+    assert mechanism_stats.load_headers(out)[-1]["resumed_from_step"] == 1
+    # the same numbers as the walk that was never stopped (checkpointing changes nothing)
+    assert json.dumps([{**x, "wall_s": None} for x in resumed]) == json.dumps([{**x, "wall_s": None} for x in lines])
