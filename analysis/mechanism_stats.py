@@ -95,11 +95,16 @@ def summarize(states: list[dict], labels: list[str], level: float = 0.95) -> lis
     return rows
 
 
-def table(rows: list[dict], scale: float = 1e4) -> str:
-    """Markdown table, changes in units of 1/scale (1e4: basis points of pass@1)."""
+LOGPROB = "the probe set's summed log-prob, nats"
+"""The held-out score of experiments.mechanism_trl's files (stage R1): ``before`` / ``after`` are log-probs."""
+
+
+def table(rows: list[dict], scale: float = 1e4, score: str = "held-out pass@1") -> str:
+    """Markdown table, changes in units of 1/scale (1e4: basis points of pass@1); ``score`` names the held-out score
+    (the trl backend's files: the probe set's log-prob, :data:`LOGPROB`)."""
     u = f"x1e-{round(math.log10(scale))}" if scale != 1 else ""
     lines = [
-        f"| rule | one-step change of held-out pass@1 ({u}) | rule - hard ({u}) [95% CI over states] | "
+        f"| rule | one-step change of {score} ({u}) | rule - hard ({u}) [95% CI over states] | "
         f"[95% CI over runs] | states with rule > hard | train split: rule - hard ({u}) [95% CI] | "
         "clip frac | rescue frac |",
         "|---|---|---|---|---|---|---|---|",
@@ -228,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(gate(states, a.gate, split=a.split), indent=1))
         return 0
     print(f"Paired mechanism test: {len(states)} states of {runs} hard baseline run(s) ({', '.join(a.file)})\n")
-    print(table(summarize(states, labels)))
+    logprob = any("probe_set" in h for f in a.file for h in load_headers(f))  # experiments.mechanism_trl's files
+    print(table(summarize(states, labels), *((1e3, LOGPROB) if logprob else ())))
     return 0
 
 

@@ -122,6 +122,13 @@ def test_walk_is_deterministic_and_the_gate_reads_it(env, walked):
     assert mechanism_stats.load_headers(out)[0]["n_completions"] == len(env["rows"])
 
 
+def test_the_mechanism_table_names_the_log_prob(walked, capsys):
+    _, out = walked
+    assert mechanism_stats.main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "probe set's summed log-prob" in text and "pass@1 (" not in text
+
+
 def test_score_is_the_teacher_forced_log_prob(env):
     import torch
 
