@@ -66,6 +66,7 @@ def named_commands() -> set[str]:
 def test_every_named_command_and_every_old_path_prints_its_usage():
     named = named_commands()
     assert {"experiments.run", "slurm.submit", "analysis.make_all", "experiments.mechanism"} <= named  # the scan works
+    assert {"devtools.synthetic_runs", "devtools.bench_make_all"} <= named  # developer support, named in docs
     modules = sorted(named | set(ALIASES))
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, *modules], cwd=ROOT, capture_output=True, text=True, timeout=900

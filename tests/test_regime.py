@@ -306,7 +306,7 @@ def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
     the readout counts each of the sweep's configs once and nothing else."""
     import shutil
 
-    from analysis.synth import ArmSpec, write_folder
+    from devtools.synthetic_runs import ArmSpec, write_folder
     from experiments.config import apply_overrides, from_dict
 
     specs = [s for s in expand("regime_search") if s.meta["point"].get("regime") == "u16" and s.config.seed == 0]
@@ -322,7 +322,7 @@ def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
 def test_readout_measures_only_done_runs(tmp_path):
     """A running run is counted (runs, done) but none of its steps enter a measure: a run's first steps would
     otherwise pass for a whole run (a running widen_small run once moved u16's reward-AUC difference by 0.04)."""
-    from analysis.synth import ArmSpec, write_folder
+    from devtools.synthetic_runs import ArmSpec, write_folder
 
     specs = [
         s
@@ -343,7 +343,7 @@ def test_readout_measures_only_done_runs(tmp_path):
 def test_make_all_writes_the_stage_a_readout(tmp_path, capsys):
     """make_all writes tables/stage_a.md (what `python -m analysis.power regime` prints) when stage-A runs exist."""
     from analysis import make_all
-    from analysis.synth import ArmSpec, write_folder
+    from devtools.synthetic_runs import ArmSpec, write_folder
 
     specs = [s for s in expand("regime_search") if s.meta["point"].get("regime") == "u16" and s.meta["arm"] == "hard"]
     for spec in specs:
