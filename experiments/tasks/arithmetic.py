@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.checks import check_field, check_range
+from experiments.config_errors import check_field, check_range
 from nsr.seeds import derive_seed
 
 NAME = "arithmetic"
