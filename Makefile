@@ -1,4 +1,5 @@
-# Laptop / CI entry points. The cluster install is in docs/cluster.md (and README.md, "Cluster").
+# Laptop / CI entry points. The install steps by hand: docs/design.md, "Installation model"; GPU nodes:
+# docs/cluster.md, "Install (GPU nodes)".
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python

@@ -9,5 +9,4 @@ claims    the paper's claims (claims.yaml) -> supports / contradicts / not repro
 make_all  ``python -m analysis.make_all``: all of the above, results/report.html, results/README.md's claims block
 regime    the evidence plan's readouts (stages A, A2);  mechanism: the mechanism test's statistics and gate
 report    the static HTML report;  dose: the dose and its matched widening;  readings: numbers the docs quote
-synth     synthetic run folders (tests, benchmark);  bench: ``python -m analysis.bench``
 """

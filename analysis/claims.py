@@ -34,7 +34,7 @@ from analysis.tables import counterparts, fmt, mixed_pairs, select_labels
 from experiments.config import ConfigError
 from experiments.yamlio import load_yaml
 from nsr.registry import Registry
-from nsr.validate import check, check_choice, is_number
+from nsr.value_checks import check, check_choice, is_number
 
 CLAIMS_FILE = Path(__file__).with_name("claims.yaml")
 POSTHOC_FILE = Path(__file__).with_name("posthoc.yaml")

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from experiments import config
-from experiments.checks import ConfigError
-from experiments.openrlhf.checks import check_config as check_openrlhf
-from experiments.tiny.checks import check_config as check_tiny
-from experiments.trl.checks import check_config as check_trl
+from experiments.config_errors import ConfigError
+from experiments.openrlhf.config_checks import check_config as check_openrlhf
+from experiments.tiny.config_checks import check_config as check_tiny
+from experiments.trl.config_checks import check_config as check_trl
 from nsr.registry import Registry
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def _tiny_run(cfg: RunConfig, rd: RunDir, progress: bool, before_step=None) -> N
 
 
 def _tiny_preflight(cfg: RunConfig) -> None:
-    """Nothing more: every tiny-backend check runs when the RunConfig is built (experiments.tiny.checks)."""
+    """Nothing more: every tiny-backend check runs when the RunConfig is built (experiments.tiny.config_checks)."""
 
 
 def _tiny_batch_key(cfg: RunConfig) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import yaml
 
-from experiments.checks import ConfigError, check_field, check_range
+from experiments.config_errors import ConfigError, check_field, check_range
 from experiments.yamlio import parse_yaml, read_yaml
 from nsr import AdvantageConfig, LossConfig
 from nsr.config import AGG_MODES

@@ -109,12 +109,17 @@ def run(
             return _run_locked(cfg, rd, run_id, meta, force, progress, before_step)
     except RunFolderError:
         if not started:  # refused before anything was written: leave the place as it was
-            with contextlib.suppress(OSError):
-                if not had_lock:
-                    rd.lock_path.unlink(missing_ok=True)
-                if not existed:
-                    rd.path.rmdir()
+            _leave_as_it_was(rd, existed, had_lock)
         raise
+
+
+def _leave_as_it_was(rd: RunDir, existed: bool, had_lock: bool) -> None:
+    """After a refusal before anything was written: remove the lock file and the (empty) folder the attempt made."""
+    with contextlib.suppress(OSError):
+        if not had_lock:
+            rd.lock_path.unlink(missing_ok=True)
+        if not existed:
+            rd.path.rmdir()
 
 
 _RUN_FILES = {"config.yaml", "status.json", *LOG_FILES, *COMPRESSED, "checkpoint.pt", RECORD}
@@ -214,11 +219,7 @@ def run_batch(
         except RunFolderError:
             stack.close()  # refused before anything was written: leave every place as it was
             for rd, (existed, had_lock) in zip(rds, before):
-                with contextlib.suppress(OSError):
-                    if not had_lock:
-                        rd.lock_path.unlink(missing_ok=True)
-                    if not existed:
-                        rd.path.rmdir()
+                _leave_as_it_was(rd, existed, had_lock)
             raise
         if not todo:
             raise RunExistsError(f"every run of this batch is done ({len(rds)}); pass --force to run them again")

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from experiments.checks import ConfigError
+from experiments.config_errors import ConfigError
 
 
 class _UniqueKeys:

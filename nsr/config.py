@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from nsr.registry import ADVANTAGES, RULES
-from nsr.validate import check_choice, check_number
+from nsr.value_checks import check_choice, check_number
 
 # Level-dependent defaults (docs/method.md, "Setting" and the GSPO [choice] on delta):
 # token level = DAPO (eps 0.2 / 0.28, delta 0.2); sequence level = GSPO (eps 3e-4 / 4e-4, delta 4e-4).

@@ -1,37 +1,8 @@
-"""The one validation helper of the repo: every bad value gets the same error, naming the key and what is allowed.
+"""Old path of nsr/value_checks.py, kept because nsr is a public package: ``import nsr.validate`` and
+``from nsr.validate import check`` give nsr.value_checks itself."""
 
-    check(0 <= delta < 1, "LossConfig.delta", delta, "a finite number with 0 <= delta < 1")
-    # ValueError: LossConfig.delta=1.5 is not valid; allowed: a finite number with 0 <= delta < 1
+import sys
 
-nsr's configs raise ValueError; the harness passes its own subclass (``experiments.config.ConfigError``) as
-``error``, so a bad sweep value and a bad LossConfig read the same.
-"""
+from nsr import value_checks as _real
 
-from __future__ import annotations
-
-import math
-from collections.abc import Callable, Iterable
-
-
-def check(ok: bool, key: str, value, allowed: str, error: type[Exception] = ValueError) -> None:
-    """Raise ``error("<key>=<value!r> is not valid; allowed: <allowed>")`` unless ``ok``."""
-    if not ok:
-        raise error(f"{key}={value!r} is not valid; allowed: {allowed}")
-
-
-def is_number(value) -> bool:
-    """A finite real number (bool, NaN and +-inf are not)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def check_number(
-    key: str, value, allowed: str, ok: Callable[[float], bool] = lambda v: True, error: type[Exception] = ValueError
-) -> None:
-    """``value`` a finite real number passing ``ok``; else the error with "allowed: a finite number with <allowed>"."""
-    check(is_number(value) and ok(value), key, value, f"a finite number with {allowed}", error)
-
-
-def check_choice(key: str, value, choices: Iterable, error: type[Exception] = ValueError) -> None:
-    """``value`` one of ``choices``; else the error listing them."""
-    choices = tuple(choices)
-    check(value in choices, key, value, ", ".join(map(str, choices)), error)
+sys.modules[__name__] = _real  # `import nsr.validate` gives the module itself, not a copy of its names

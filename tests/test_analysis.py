@@ -480,7 +480,7 @@ def test_one_run_readout_recomputes_from_the_files(tmp_path):
     """analysis.readings' one-run table (docs/testbed.md, "What a tiny run shows"): pass@1 / pass@8 from the sampled
     eval rows of the first and last eval, window means of metrics.jsonl, recomputed here from the raw files."""
     from analysis.readings import one_run_row, one_run_table
-    from analysis.synth import ArmSpec, write_sweep
+    from devtools.synthetic_runs import ArmSpec, write_sweep
 
     (run_id,) = write_sweep(tmp_path, "delta", {"hard": ArmSpec()}, seeds=[0], steps=50, every=10, n_prompts=16)
     with warnings.catch_warnings():
@@ -512,7 +512,7 @@ def test_hard_run_proxies_recompute_from_the_files(tmp_path):
     """analysis.readings' clip fraction by seed and in-zone clipped mass per token of a regime candidate's hard runs
     (docs/evidence.md), recomputed here from metrics.jsonl and ratio_bins.jsonl; other arms are not read."""
     from analysis.readings import hard_run_proxies
-    from analysis.synth import ArmSpec, write_folder
+    from devtools.synthetic_runs import ArmSpec, write_folder
     from experiments.sweep import expand
 
     specs = [s for s in expand("regime_a2") if s.meta["point"]["regime"] == "tl44" and s.config.seed in (101, 102)]

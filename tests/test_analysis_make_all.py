@@ -1,10 +1,10 @@
 """analysis.make_all and the figures, on synthetic runs laid out exactly as the real sweep files expand.
 
 The grid: sweeps/{delta, judge_executor, rescue_vs_decay}.yaml expanded by the real ``experiments.sweep.expand`` with a
-small preset (30 steps, eval of 256 prompts x 4 samples), each run written by analysis.synth with an arm effect we
-choose, so the claims the effects imply must come out. Then make_all twice (with two worker processes, then inline
-from the parsed-log cache the first filled): every file present and non-empty, byte-identical the second time,
-README block rewritten in place, missing runs listed.
+small preset (30 steps, eval of 256 prompts x 4 samples), each run written by devtools.synthetic_runs with an arm
+effect we choose, so the claims the effects imply must come out. Then make_all twice (with two worker processes,
+then inline from the parsed-log cache the first filled): every file present and non-empty, byte-identical the second
+time, README block rewritten in place, missing runs listed.
 """
 
 import os
@@ -20,7 +20,7 @@ import yaml
 from analysis import figures, make_all
 from analysis.load import load_runs
 from analysis.summary import summarize
-from analysis.synth import ArmSpec, write_folder
+from devtools.synthetic_runs import ArmSpec, write_folder
 from experiments.config import RunConfig, apply_overrides
 from experiments.sweep import SWEEPS_DIR, expand
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from experiments.checks import ConfigError
 from experiments.config import load_config
+from experiments.config_errors import ConfigError
 from experiments.tasks import arithmetic
 from experiments.tasks.arithmetic import FAMILIES, GENERATOR_VERSION, problems, split
 

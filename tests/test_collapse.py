@@ -10,7 +10,7 @@ import pytest
 
 from analysis import collapse as C
 from analysis.load import load_runs
-from analysis.synth import ArmSpec, write_folder
+from devtools.synthetic_runs import ArmSpec, write_folder
 from experiments.sweep import expand
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)

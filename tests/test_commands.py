@@ -32,6 +32,8 @@ ALIASES = {
     "analysis.mechanism": "analysis.mechanism_stats",
 }
 """Old module path -> where the module lives now."""
+IMPORT_ALIASES = {"nsr.validate": "nsr.value_checks"}
+"""Old paths of library modules (no command): kept because ``nsr`` is a public package."""
 NOT_OURS = {"pytest"}
 
 PROBE = r"""
@@ -64,6 +66,7 @@ def named_commands() -> set[str]:
 def test_every_named_command_and_every_old_path_prints_its_usage():
     named = named_commands()
     assert {"experiments.run", "slurm.submit", "analysis.make_all", "experiments.mechanism"} <= named  # the scan works
+    assert {"devtools.synthetic_runs", "devtools.bench_make_all"} <= named  # developer support, named in docs
     modules = sorted(named | set(ALIASES))
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, *modules], cwd=ROOT, capture_output=True, text=True, timeout=900
@@ -79,6 +82,6 @@ def test_an_old_path_is_the_module_itself():
     path kept as a package (its ``__main__`` runs the command), a package whose attributes are the module's."""
     import importlib
 
-    for old, new in ALIASES.items():
+    for old, new in {**ALIASES, **IMPORT_ALIASES}.items():
         was, now = importlib.import_module(old), importlib.import_module(new)
         assert was is now or (hasattr(was, "__path__") and was.main is now.main), old

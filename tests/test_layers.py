@@ -6,6 +6,7 @@ included (a late import is still a dependency): no file imports against the tabl
     slurm/        imports experiments/ and nsr/
     analysis/     imports experiments/ and nsr/
     notebooks/    imports analysis/ (and what analysis may import)
+    devtools/     imports analysis/ (and what analysis may import); only the tests import it
     sweeps/       sweep and preset files only (no code)
 
 The table may lose arrows, never gain one. Inside experiments/ three kinds of module (docs/design.md, "Backends"):
@@ -33,13 +34,14 @@ import pytest
 from experiments.backends import BACKENDS as REGISTERED
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("nsr", "experiments", "slurm", "analysis", "notebooks", "sweeps")
+PACKAGES = ("nsr", "experiments", "slurm", "analysis", "notebooks", "devtools", "sweeps")
 ALLOWED = {
     "nsr": {"nsr"},
     "experiments": {"experiments", "nsr"},
     "slurm": {"slurm", "experiments", "nsr"},
     "analysis": {"analysis", "experiments", "nsr"},
     "notebooks": {"notebooks", "analysis", "experiments", "nsr"},
+    "devtools": {"devtools", "analysis", "experiments", "nsr"},
     "sweeps": set(),
 }
 """Layer -> the layers of this repo its files may import (third-party packages are not constrained here)."""

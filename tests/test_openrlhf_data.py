@@ -1,7 +1,6 @@
 """Data preparation (experiments/openrlhf/data.py) on small local copies of the sources, shaped like the hub sets,
 through the same HF ``datasets`` loaders; the output is read back with OpenRLHF's own preprocess_data."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 from experiments.openrlhf import data
 from experiments.openrlhf.plan import count_rows
 from experiments.rewards.math import score
-from nsr.openrlhf.reference import openrlhf_root
+from nsr.openrlhf.reference import load_openrlhf_file
 
 SRC = Path(__file__).parent / "fixtures" / "openrlhf" / "sources"
 LOCAL = {
@@ -66,10 +65,7 @@ def test_labels_score_with_the_reward(prepared):
 
 
 def test_openrlhfs_preprocess_reads_our_rows(prepared):
-    path = openrlhf_root() / "datasets" / "prompts_dataset.py"
-    spec = importlib.util.spec_from_file_location("_openrlhf_prompts_dataset", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_openrlhf_file("datasets/prompts_dataset.py", "_openrlhf_prompts_dataset")
     row = _read(prepared / "aime24.jsonl")[0]
     prompt, label = mod.preprocess_data(row, None, "prompt", "label", None)
     assert (prompt, label) == (row["prompt"], row["label"])

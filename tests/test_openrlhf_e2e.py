@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import skip_or_fail
 from safetensors.torch import load_file
 
 from nsr.openrlhf.cpu_shim import weights_sha256
@@ -76,11 +77,7 @@ def unsupported() -> str | None:
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_loop_supported():
-    why = unsupported()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: {why}")
-        pytest.skip(why)
+    skip_or_fail(unsupported())
 
 
 BIG_STEPS = (

@@ -115,14 +115,11 @@ def test_the_shim_imports_only_what_nsr_may():
 def test_cpu_worker_extension_has_openrlhfs_worker_signatures():
     """OpenRLHF calls init_process_group / update_weight on the vLLM worker over collective_rpc with WorkerWrap's
     signatures (trainer/ray/vllm_worker_wrap.py, loaded by path: its package imports vLLM)."""
-    import importlib.util
 
     from nsr.openrlhf import cpu_shim
-    from nsr.openrlhf.reference import openrlhf_root
+    from nsr.openrlhf.reference import load_openrlhf_file
 
-    spec = importlib.util.spec_from_file_location("wrap", openrlhf_root() / "trainer" / "ray" / "vllm_worker_wrap.py")
-    wrap = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wrap)
+    wrap = load_openrlhf_file("trainer/ray/vllm_worker_wrap.py", "wrap")
     for name in ("init_process_group", "update_weight"):
         ours = inspect.signature(getattr(cpu_shim.CPUWorkerExtension, name))
         theirs = inspect.signature(getattr(wrap.WorkerWrap, name))

@@ -4,7 +4,6 @@ Event files are written by OpenRLHF 0.11.2's own TensorboardLogger (loaded from 
 path), so a change in its tag layout fails here.
 """
 
-import importlib.util
 import math
 from types import SimpleNamespace
 
@@ -14,16 +13,12 @@ import torch
 import nsr
 from experiments.openrlhf.tensorboard import ratio_bins_from_tensorboard, rows_from_tensorboard
 from nsr.openrlhf.metrics import METRIC_KEYS, REQUIRED, premise_logs, premise_row_from_logs, row_from_logs
-from nsr.openrlhf.reference import openrlhf_root
+from nsr.openrlhf.reference import load_openrlhf_file
 from nsr.premise import counts_row
 
 
 def _tb_logger_cls():
-    path = openrlhf_root() / "utils" / "logging_utils.py"
-    spec = importlib.util.spec_from_file_location("_openrlhf_logging_utils", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.TensorboardLogger
+    return load_openrlhf_file("utils/logging_utils.py", "_openrlhf_logging_utils").TensorboardLogger
 
 
 def _step_logs(step: int) -> dict:

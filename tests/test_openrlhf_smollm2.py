@@ -22,6 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from conftest import skip_or_fail  # noqa: E402
 from test_openrlhf_e2e import rows, status, unsupported  # noqa: E402
 
 PRESET = ROOT / "sweeps" / "presets" / "smollm2-openrlhf-cpu.yaml"
@@ -51,10 +52,7 @@ def loop_supported():
             gguf_path()
         except ModelSourceError as e:
             why = str(e)
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: {why}")
-        pytest.skip(why)
+    skip_or_fail(why)
 
 
 def test_nsr_on_smollm2_runs_and_its_first_updates_see_ratios_of_one(tmp_path):

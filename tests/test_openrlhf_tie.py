@@ -17,6 +17,7 @@ from experiments.openrlhf import toy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from conftest import skip_or_fail  # noqa: E402
 from test_openrlhf_e2e import unsupported  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -63,11 +64,7 @@ print(json.dumps(result))
 
 @pytest.fixture(scope="module", autouse=True)
 def vllm_cpu_supported():
-    why = unsupported()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: {why}")
-        pytest.skip(why)
+    skip_or_fail(unsupported())
 
 
 def test_a_tied_model_is_retied_after_vllms_reload(tmp_path):

@@ -26,6 +26,18 @@ REGIME = R.load_regime()
 GRID = REPO / "results" / "runs" / "delta"
 
 
+def _planned_config(preset, cand: dict, arm: dict, **extra):
+    """The RunConfig a plan gives one (candidate, arm) with ``extra`` overrides (seeds): the candidate's overrides and
+    delta, the arm's rule, and for a widening arm eps_low / eps_high widened by ``widen_by`` from the candidate's."""
+    ov = {**cand["overrides"], "loss.delta": cand["delta"], **extra}
+    ov["loss.rule"] = arm["loss.rule"]
+    if "widen_by" in arm:
+        base = load_config(preset, [f"{k}={v}" for k, v in cand["overrides"].items()]).loss
+        ov["loss.eps_low"] = round(base.eps_low + arm["widen_by"], 6)
+        ov["loss.eps_high"] = round(base.eps_high + arm["widen_by"], 6)
+    return load_config(preset, [f"{k}={v}" for k, v in ov.items()])
+
+
 def test_stage_a_sweep_runs_exactly_the_preregistered_candidates():
     runs = expand(REGIME["stage_a_sweep"])
     preset = preset_file(REGIME["base_preset"])
@@ -33,14 +45,7 @@ def test_stage_a_sweep_runs_exactly_the_preregistered_candidates():
     assert len(runs) == len(cands) * len(arms) * len(REGIME["seeds"])
     for spec in runs:
         name, arm = spec.meta["point"]["regime"], spec.meta["arm"]
-        cand = cands[name]
-        ov = {**cand["overrides"], "loss.delta": cand["delta"], "seed": spec.meta["seed"]}
-        ov["loss.rule"] = arms[arm]["loss.rule"]
-        if "widen_by" in arms[arm]:
-            base = load_config(preset, [f"{k}={v}" for k, v in cand["overrides"].items()]).loss
-            ov["loss.eps_low"] = round(base.eps_low + arms[arm]["widen_by"], 6)
-            ov["loss.eps_high"] = round(base.eps_high + arms[arm]["widen_by"], 6)
-        want = load_config(preset, [f"{k}={v}" for k, v in ov.items()])
+        want = _planned_config(preset, cands[name], arms[arm], seed=spec.meta["seed"])
         assert spec.config == want, spec.run_id
     assert sorted({r.meta["seed"] for r in runs}) == REGIME["seeds"]
 
@@ -63,16 +68,8 @@ def test_stage_a2_sweep_runs_exactly_the_preregistered_candidates():
     cands, arms = a2["candidates"], a2["arms"]
     assert len(runs) == len(cands) * len(arms) * len(a2["seeds"])
     for spec in runs:
-        name, arm = spec.meta["point"]["regime"], spec.meta["arm"]
-        cand = cands[name]
-        seed = spec.meta["seed"]
-        ov = {**cand["overrides"], "loss.delta": cand["delta"], "seed": seed, "sft.seed": seed}
-        ov["loss.rule"] = arms[arm]["loss.rule"]
-        if "widen_by" in arms[arm]:
-            base = load_config(preset, [f"{k}={v}" for k, v in cand["overrides"].items()]).loss
-            ov["loss.eps_low"] = round(base.eps_low + arms[arm]["widen_by"], 6)
-            ov["loss.eps_high"] = round(base.eps_high + arms[arm]["widen_by"], 6)
-        want = load_config(preset, [f"{k}={v}" for k, v in ov.items()])
+        name, arm, seed = spec.meta["point"]["regime"], spec.meta["arm"], spec.meta["seed"]
+        want = _planned_config(preset, cands[name], arms[arm], **{"seed": seed, "sft.seed": seed})
         assert spec.config == want, spec.run_id
     assert sorted({r.meta["seed"] for r in runs}) == a2["seeds"]
     confirm = {r.config.seed for r in expand("confirm")}
@@ -306,7 +303,7 @@ def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
     the readout counts each of the sweep's configs once and nothing else."""
     import shutil
 
-    from analysis.synth import ArmSpec, write_folder
+    from devtools.synthetic_runs import ArmSpec, write_folder
     from experiments.config import apply_overrides, from_dict
 
     specs = [s for s in expand("regime_search") if s.meta["point"].get("regime") == "u16" and s.config.seed == 0]
@@ -322,7 +319,7 @@ def test_readout_counts_each_config_of_the_sweep_once(tmp_path):
 def test_readout_measures_only_done_runs(tmp_path):
     """A running run is counted (runs, done) but none of its steps enter a measure: a run's first steps would
     otherwise pass for a whole run (a running widen_small run once moved u16's reward-AUC difference by 0.04)."""
-    from analysis.synth import ArmSpec, write_folder
+    from devtools.synthetic_runs import ArmSpec, write_folder
 
     specs = [
         s
@@ -343,7 +340,7 @@ def test_readout_measures_only_done_runs(tmp_path):
 def test_make_all_writes_the_stage_a_readout(tmp_path, capsys):
     """make_all writes tables/stage_a.md (what `python -m analysis.power regime` prints) when stage-A runs exist."""
     from analysis import make_all
-    from analysis.synth import ArmSpec, write_folder
+    from devtools.synthetic_runs import ArmSpec, write_folder
 
     specs = [s for s in expand("regime_search") if s.meta["point"].get("regime") == "u16" and s.meta["arm"] == "hard"]
     for spec in specs:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import submitit
 import yaml
+from conftest import skip_or_fail
 
 from experiments.rundir import RunDir, read_jsonl
 from experiments.sweep import expand
@@ -41,10 +42,7 @@ def cluster():
     if not _cluster_up() and os.geteuid() == 0 and shutil.which("apt-get"):
         subprocess.run(["bash", str(SCRIPT), "start"], check=False, timeout=900)
     if not _cluster_up():
-        reason = "no single-node SLURM here: run `bash slurm/local_cluster.sh start` as root (make test does)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        skip_or_fail("no single-node SLURM here: run `bash slurm/local_cluster.sh start` as root (make test does)")
 
 
 def sweep_file(tmp_path, name, body) -> Path:

@@ -193,7 +193,7 @@ def test_a_preset_only_sweep_refuses_another_preset():
 def test_submission_names_each_run_that_would_fail_at_its_start(tmp_path):
     """A sweep whose random-reward arm keeps DAPO's dynamic filter (the backend refuses that control) is refused
     before any job or folder exists, run by run, in --dry-run too."""
-    from experiments.checks import ConfigError
+    from experiments.config_errors import ConfigError
     from slurm.submit import submit
 
     bad = tmp_path / "bad.yaml"

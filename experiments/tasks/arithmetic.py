@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.checks import check_field, check_range
+from experiments.config_errors import check_field, check_range
 from nsr.seeds import derive_seed
 
 NAME = "arithmetic"
@@ -169,6 +169,7 @@ def measure_spread(cfg, n_prompts: int, n_samples: int, seed: int = 0, batch: in
     import time
 
     import torch
+    from tqdm import tqdm
 
     from experiments.models.smollm2 import load
     from experiments.rewards.math import score
@@ -180,7 +181,7 @@ def measure_spread(cfg, n_prompts: int, n_samples: int, seed: int = 0, batch: in
     rows, tokens, t0 = [], 0, time.perf_counter()
     with torch.random.fork_rng(), torch.no_grad():
         torch.manual_seed(seed)
-        for i in range(0, len(texts), batch):
+        for i in tqdm(range(0, len(texts), batch), desc=f"spread {n_prompts} x {n_samples}", unit="batch"):
             enc = tok(texts[i : i + batch], return_tensors="pt", padding=True, padding_side="left",
                       add_special_tokens=False)  # fmt: skip
             out = model.generate(**enc, do_sample=True, temperature=cfg.rollout.temperature, top_p=1.0, top_k=0,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from experiments.checks import check_field
+from experiments.config_errors import check_field
 from nsr.registry import Registry
 
 CHARS = "0123456789+-*:="

@@ -28,7 +28,7 @@ import torch
 
 from experiments.config import RunConfig
 from experiments.rundir import RunDir
-from experiments.trl.checks import HF_TASKS
+from experiments.trl.config_checks import HF_TASKS
 
 CHECKPOINT_DIR = "trl_checkpoints"
 
@@ -244,7 +244,7 @@ def check_runnable(cfg: RunConfig) -> None:
     of that config (nsr.trl). ConfigError naming the option and what is allowed."""
     import tempfile
 
-    from experiments.checks import ConfigError
+    from experiments.config_errors import ConfigError
     from nsr.trl.trainer import _check_args
 
     try:

@@ -19,13 +19,12 @@ import argparse
 import ast
 import contextlib
 import datetime
-import importlib.util
 import io
 import os
 from functools import cache
 from types import SimpleNamespace
 
-from nsr.openrlhf.reference import openrlhf_root
+from nsr.openrlhf.reference import load_openrlhf_file, openrlhf_root
 
 CLI_FILE = ("cli", "train_ppo_ray.py")
 
@@ -76,11 +75,7 @@ def _main_block() -> tuple[ast.Module, ast.Module]:
 
 @cache
 def _hierarchize():
-    path = openrlhf_root() / "utils" / "config.py"
-    spec = importlib.util.spec_from_file_location("_openrlhf_utils_config", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.hierarchize
+    return load_openrlhf_file("utils/config.py", "_openrlhf_utils_config").hierarchize
 
 
 def build_parser() -> argparse.ArgumentParser:

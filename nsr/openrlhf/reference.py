@@ -31,6 +31,15 @@ def openrlhf_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def load_openrlhf_file(relpath: str, name: str) -> types.ModuleType:
+    """One file of the installed openrlhf package (``relpath`` under its folder, e.g. ``utils/config.py``), loaded by
+    path as module ``name`` without importing the package (whose ``__init__`` pulls in CUDA-only dependencies)."""
+    spec = importlib.util.spec_from_file_location(name, openrlhf_root() / relpath)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def installed_version() -> str:
     from importlib.metadata import version
 

@@ -4,7 +4,7 @@ ConfigError naming the key and the allowed values."""
 from __future__ import annotations
 
 import experiments.models.qwen2  # noqa: F401  registers tiny-qwen2 with the testbed's models (its SFT builds it)
-from experiments.checks import check_field, check_verifier_reward
+from experiments.config_errors import check_field, check_verifier_reward
 from experiments.tasks.countdown import TASKS as TINY_TASKS
 from experiments.tasks.countdown import check_task_fits
 

@@ -1,14 +1,15 @@
-"""Benchmark of ``python -m analysis.make_all``: the whole rebuild, cold, on a grid of synthetic run folders.
+"""Benchmark of ``python -m analysis.make_all`` (was analysis/bench.py): the whole rebuild, cold, on a grid of
+synthetic run folders.
 
-    python -m analysis.bench                      # 100 runs x 1,000 steps (5 sweeps x 5 arms x 4 seeds), 3 repeats
-    python -m analysis.bench --steps 400 --repeats 5 --dir /tmp/nsr-bench
+    python -m devtools.bench_make_all        # 100 runs x 1,000 steps (5 sweeps x 5 arms x 4 seeds), 3 repeats
+    python -m devtools.bench_make_all --steps 400 --repeats 5 --dir /tmp/nsr-bench
 
 Each run has the tiny preset's eval: 512 prompts x (8 sampled + greedy) every 100 steps, i.e. 50k labels per run
-and 5M in the grid (analysis.synth writes them once and reuses them while the grid size is unchanged). Each repeat
-is a fresh ``python -m analysis.make_all --runs DIR --out DIR --no-readme --no-cache`` process (imports included,
-every run parsed); ``--warm`` times it with the parsed-log cache instead (in DIR/cache, filled by an untimed first
-run), as a rerun on unchanged runs is. The median wall-clock and CPU seconds are printed. Target: at most 30 s on 2
-cores.
+and 5M in the grid (devtools.synthetic_runs writes them once and reuses them while the grid size is unchanged).
+Each repeat is a fresh ``python -m analysis.make_all --runs DIR --out DIR --no-readme --no-cache`` process (imports
+included, every run parsed); ``--warm`` times it with the parsed-log cache instead (in DIR/cache, filled by an
+untimed first run), as a rerun on unchanged runs is. The median wall-clock and CPU seconds are printed. Target: at
+most 30 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from analysis.synth import add_grid_args, benchmark_grid
+from devtools.synthetic_runs import add_grid_args, benchmark_grid
 from experiments.rundir import CACHE_ENV, REPO_ROOT
 
 
@@ -55,7 +56,7 @@ def time_make_all(folder: Path, warm: bool = False) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m devtools.bench_make_all", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "nsr-analysis-bench")
     add_grid_args(p)
     p.add_argument("--repeats", type=int, default=3)

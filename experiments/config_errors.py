@@ -1,4 +1,5 @@
-"""ConfigError and the field checks of every config section and backend (nsr.validate, with ConfigError).
+"""ConfigError, the error of a bad config value, and the helpers that raise it naming the field (nsr.value_checks with
+ConfigError); the config sections, tasks and every backend's config_checks use them.
 
 check_field("train", "minibatches", 256 % 3 == 0, "a divisor of 256", 3)
 # ConfigError: train.minibatches=3 is not valid; allowed: a divisor of 256
@@ -6,7 +7,7 @@ check_field("train", "minibatches", 256 % 3 == 0, "a divisor of 256", 3)
 
 from __future__ import annotations
 
-from nsr.validate import check, is_number
+from nsr.value_checks import check, is_number
 
 
 class ConfigError(ValueError):

@@ -3,7 +3,7 @@ together for OpenRLHF is checked by the argv builder (experiments/openrlhf/argv.
 
 from __future__ import annotations
 
-from experiments.checks import check_verifier_reward
+from experiments.config_errors import check_verifier_reward
 
 
 def check_config(cfg) -> None:

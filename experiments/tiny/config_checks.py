@@ -4,7 +4,7 @@ and the allowed values."""
 
 from __future__ import annotations
 
-from experiments.checks import check_field
+from experiments.config_errors import check_field
 from experiments.models.tiny import MODELS
 from experiments.tasks.countdown import TASKS, check_task_fits
 

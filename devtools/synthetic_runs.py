@@ -1,14 +1,15 @@
-"""Synthetic run folders in the exact run-folder contract, for the analysis tests and the make_all benchmark.
+"""Synthetic run folders in the exact run-folder contract, for the analysis tests and the make_all benchmark (was
+analysis/synth.py: test support, so it left the installed analysis package).
 
 The numbers are made up (a saturating reward curve, a decaying entropy with optional rebounds, Bernoulli eval
 labels), but every file is what a real run writes: config.yaml from a real RunConfig plus ``meta``, one
 metrics.jsonl row per step with every docs/design.md field, eval.jsonl.gz with one row per (step, benchmark,
 problem_id, decoding, sample), and status.json. Same arguments, same bytes (seeded torch.Generator, fixed times).
 
-    from analysis.synth import ArmSpec, write_sweep
+    from devtools.synthetic_runs import ArmSpec, write_sweep
     write_sweep(root, "rescue_vs_decay", {"hard": ArmSpec(), "nsr": ArmSpec(skill=0.3)}, seeds=[0, 1, 2])
 
-    python -m analysis.synth OUT_DIR [--sweeps 5] [--arms 5] [--seeds 4] [--steps 1000]   # a benchmark-sized grid
+    python -m devtools.synthetic_runs OUT_DIR [--sweeps 5] [--arms 5] [--seeds 4] [--steps 1000]  # a benchmark grid
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def add_grid_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.synth", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m devtools.synthetic_runs", description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="results folder to fill (<out>/<sweep>/<run_id>/)")
     add_grid_args(p)
     a = p.parse_args(argv)
