@@ -287,7 +287,7 @@ def test_notebook_executes(tmp_path):
 
 
 def test_benchmark_runs_at_a_tiny_size(tmp_path, capsys):
-    from analysis import bench
+    from devtools import bench_make_all as bench
 
     args = ["--dir", str(tmp_path), "--sweeps", "1", "--arms", "2", "--seeds", "2", "--steps", "20", "--every", "10"]
     assert bench.main([*args, "--prompts", "8", "--repeats", "1"]) == 0
