@@ -4,6 +4,7 @@ the reward, the config checks, the files written on first use."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -109,3 +110,23 @@ def test_the_task_fields_are_part_of_the_run_identity(cfg):
     for override in ("task.prompt_template='Compute {problem}.'", "task.one_shot=[]", "task.system_prompt='Be brief.'",
                      "task.families=[mul_add,add_3x1d]", "task.n_train=400"):  # fmt: skip
         assert load_config(PRESET, [override]).run_hash() != cfg.run_hash(), override
+
+
+@pytest.mark.slow
+def test_the_spread_of_smollm2_on_a_fixed_set(tmp_path, capsys):
+    """``--spread 8 4`` on the SmolLM2 preset (the model's cached conversion, transformers' generate, seed 0): the
+    per-prompt pass rates, their summary and the result file with its command. The full measurement (100 x 16) is in
+    docs/testbed.md."""
+    pytest.importorskip("gguf", reason="the SmolLM2 conversion needs gguf (make venv)")
+    out = tmp_path / "spread.json"
+    assert arithmetic.main(["sweeps/presets/smollm2-trl-cpu.yaml", "--spread", "8", "4", "--json", str(out)]) == 0
+    assert "| mul_add | 8 |" in capsys.readouterr().out
+    got = json.loads(out.read_text())
+    assert got["command"].endswith(f"--spread 8 4 --json {out}") and len(got["load_average"]) == 3
+    rates = [r["pass"] for r in got["rows"]]
+    assert len(rates) == 8 and {r["family"] for r in got["rows"]} == {"mul_add"}
+    assert all(x in (0, 0.25, 0.5, 0.75, 1) for x in rates)  # 4 samples each
+    assert got["all"]["mean"] == pytest.approx(sum(rates) / 8)
+    assert got["all"]["band"] == pytest.approx(sum(0.1 <= x <= 0.9 for x in rates) / 8)
+    assert got["families"]["mul_add"] == got["all"]
+    assert got["all"]["mean"] > 0 and got["tokens"] > 0  # the one-shot preset answers in the box (0.43 on 100 x 16)
