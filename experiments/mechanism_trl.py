@@ -146,10 +146,10 @@ def walk_run(
 
 
 def _resume_step(rd, cfg: RunConfig) -> int:
-    from experiments.trl.train import latest_checkpoint, optimizer_steps_per_rl_step
+    from experiments.trl.train import checkpoint_rl_step, latest_checkpoint
 
     ck = latest_checkpoint(rd)
-    return int(ck.name.split("-")[1]) // optimizer_steps_per_rl_step(cfg) if ck is not None else 0
+    return checkpoint_rl_step(ck, cfg) if ck is not None else 0
 
 
 # ------------------------------------------------------------------------------------------------ CLI

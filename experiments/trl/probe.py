@@ -17,7 +17,6 @@ the score, and saving / replaying / restoring one RL step of NSRGRPOTrainer in m
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import random
@@ -333,12 +332,11 @@ def clipped_weight(tr) -> tuple[float, float]:
 
 
 def weights_digest(model) -> str:
-    """sha256 of every parameter's bytes, in named order (equal digests: identical weights)."""
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
+    """The first 16 hex digits of the weights' sha256 as a run records it (experiments.models.smollm2.weights_sha256):
+    equal digests, identical weights."""
+    from experiments.models.smollm2 import weights_sha256
+
+    return weights_sha256(model)[:16]
 
 
 def update_norm(model, before: dict) -> float:

@@ -239,6 +239,11 @@ def _record_model(rd: RunDir, info: dict) -> None:
         rd.update_meta(model=meta)
 
 
+def checkpoint_rl_step(checkpoint: Path, cfg: RunConfig) -> int:
+    """The RL step a TRL checkpoint folder (``checkpoint-<optimizer step>``) was saved after."""
+    return int(checkpoint.name.split("-")[1]) // optimizer_steps_per_rl_step(cfg)
+
+
 def check_runnable(cfg: RunConfig) -> None:
     """The checks the run makes at its start, without a model: the GRPOConfig it builds and NSRGRPOTrainer's refusals
     of that config (nsr.trl). ConfigError naming the option and what is allowed."""
@@ -344,7 +349,7 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
         rd.reset_logs()
         rd.append("eval.jsonl", run_eval(trainer.model, 0))
     else:
-        rd.truncate_logs(int(resume.name.split("-")[1]) // optimizer_steps_per_rl_step(cfg))
+        rd.truncate_logs(checkpoint_rl_step(resume, cfg))
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if stop_after is not None and stop_after < cfg.train.steps:
         return
