@@ -187,7 +187,7 @@ def test_scancel_leaves_valid_files_and_shows_cancelled(tmp_path):
     assert again.submit and again.reason.startswith("cancelled")
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
     sw = sweep_file(tmp_path, "resume", "base: {train.steps: 60}\narms: {nsr: {loss.rule: nsr}}\n")
     subs = {
@@ -210,6 +210,12 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
         subprocess.run(["scontrol", "update", f"jobid={job}", "starttime=now"], check=True)
     for s in subs.values():
         finish(s.jobs)
+    for name in interrupt:
+        # submitit's result() can return for a requeued job before its second attempt has run (it reads the
+        # first attempt's CANCELLED/REQUEUED from sacct): wait for the folder's own end state, not the handle's
+        job = RunDir(out[name]).status()["slurm_job_id"]
+        ended = ("done", "failed")
+        wait_for(lambda n=name, j=job: RunDir(out[n]).state() in ended and squeue_state(j) == "", 480, f"{name} to end")
 
     ref = metrics(out["reference"])
     assert len(ref) == 60 and RunDir(out["reference"]).status()["attempts"] == 1
