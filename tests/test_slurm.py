@@ -214,8 +214,11 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
         # submitit's result() can return for a requeued job before its second attempt has run (it reads the
         # first attempt's CANCELLED/REQUEUED from sacct): wait for the folder's own end state, not the handle's
         job = RunDir(out[name]).status()["slurm_job_id"]
-        ended = ("done", "failed")
-        wait_for(lambda n=name, j=job: RunDir(out[n]).state() in ended and squeue_state(j) == "", 480, f"{name} to end")
+        wait_for(
+            lambda n=name, j=job: RunDir(out[n]).state() in ("done", "failed") and squeue_state(j) == "",
+            480,
+            f"{name} to end",
+        )
 
     ref = metrics(out["reference"])
     assert len(ref) == 60 and RunDir(out["reference"]).status()["attempts"] == 1
