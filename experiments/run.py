@@ -16,7 +16,8 @@ already done (or running) in another folder under results/runs (another sweep th
 run again: the message says where it is. Bad config: a clear error, and no folder is created.
 
 Exit status: 0 done, 2 bad input (nothing created), 3 the folder refuses the run (done, another config, locked,
-not writable), 143 cancelled (SIGTERM).
+not writable), 143 cancelled (SIGTERM; or SIGUSR1 on the trl backend, which first saves a checkpoint at the end of
+the current RL step, so the rerun loses nothing).
 
 Many seeds in one process (tiny backend; docs/testbed.md, "Batched testbed"):
     python -m experiments.run sweeps/presets/tiny.yaml loss.rule=nsr --seeds 0-7 --out /tmp/nsr-seeds
@@ -43,6 +44,7 @@ from experiments.rundir import (
     LOG_FILES,
     RECORD,
     RUNS_ROOT,
+    Cancelled,
     RunDir,
     RunExistsError,
     RunFolderError,
@@ -57,10 +59,6 @@ def preflight(cfg: RunConfig) -> None:
     """Every check ``cfg``'s run makes at its start, before any work; ConfigError naming the key and the allowed
     values if one fails (the backend's ``preflight``, experiments/backends.py)."""
     backends.preflight(cfg)
-
-
-class Cancelled(BaseException):
-    """Raised in the main thread on SIGTERM (scancel), so the run unwinds and records ``cancelled``."""
 
 
 def _on_sigterm(signum, frame):

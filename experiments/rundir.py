@@ -79,6 +79,12 @@ class RunLockedError(RunFolderError):
     """Another process holds this run folder."""
 
 
+class Cancelled(BaseException):
+    """The run was stopped from outside and can resume: raised in the main thread on SIGTERM (scancel), or by a
+    backend that saved a checkpoint and stopped on request (the trl backend on SIGUSR1). ``experiments.run``
+    records it as ``cancelled`` and exits 143."""
+
+
 _NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK}
 """What flock raises where the file system does not support it (Lustre without -o flock: ENOSYS; some NFS: ENOLCK)."""
 SOFT_LOCK_NOTE = (

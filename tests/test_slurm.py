@@ -21,6 +21,7 @@ from conftest import skip_or_fail
 
 from experiments.rundir import RunDir, read_jsonl
 from experiments.sweep import expand
+from experiments.trl.train import checkpoint_rl_step, latest_checkpoint
 from slurm import queue
 from slurm.status import progress, rows
 from slurm.submit import main, plan, submit
@@ -232,6 +233,29 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
             gzip.open(out["reference"] / "eval.jsonl.gz", "rt") as b,
         ):
             assert a.read() == b.read()
+
+
+@pytest.mark.timeout(600)
+def test_trl_run_saves_and_stops_on_scancel_usr1(tmp_path):
+    """`scancel --signal=USR1` reaches a trl-backend run inside its submitit job: it saves a checkpoint at the end of
+    the step under way (none is due: checkpoint_every 0) and ends cancelled; the resubmission resumes from there."""
+    sw = tmp_path / "usr1.yaml"
+    sw.write_text(
+        "name: usr1\npreset: trl-tiny\narms: {nsr: {loss.rule: nsr}}\nbase: {train.steps: 40, "
+        "logging.checkpoint_every: 0, eval.n_prompts: 16, eval.n_samples: 1, sft.steps: 150, sft.warmup: 50}\n"
+    )
+    sub = submit(sw, cluster="slurm", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
+    (d,) = sub.submitted
+    wait_for(lambda: n_rows(d.out) >= 2, 420, "step 2")
+    job = RunDir(d.out).status()["slurm_job_id"]
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    wait_for(lambda: RunDir(d.out).state() == "cancelled" and squeue_state(job) == "", 120, "the run to stop")
+    st, rows_ = RunDir(d.out).status(), n_rows(d.out)
+    assert "SIGUSR1" in st["error"] and 2 <= rows_ < 40, (st, rows_)
+    ckpt = latest_checkpoint(RunDir(d.out))
+    assert ckpt is not None and checkpoint_rl_step(ckpt, d.spec.config) == rows_  # saved at the step it stopped
+    (again,) = plan([d.spec], tmp_path / "runs", False, queue.live_jobs())
+    assert again.submit and again.reason.startswith("cancelled")
 
 
 @pytest.mark.timeout(600)

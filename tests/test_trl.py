@@ -4,6 +4,9 @@ so clipping fires, checkpoints) with nsr.trl.NSRGRPOTrainer on the tiny Qwen2 / 
 Time: one warm start (150 SFT steps, ~25 s on a busy 2-core box) shared by the module, then runs of 1-4 RL steps
 (~1 s each after TRL's start-up)."""
 
+import os
+import signal
+
 import pytest
 import torch
 
@@ -15,7 +18,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 import nsr  # noqa: E402
 from experiments.config import ConfigError, load_config  # noqa: E402
 from experiments.run import run  # noqa: E402
-from experiments.rundir import REPO_ROOT, RunDir, read_jsonl  # noqa: E402
+from experiments.rundir import REPO_ROOT, Cancelled, RunDir, read_jsonl  # noqa: E402
 from experiments.trl.train import CHECKPOINT_DIR, build_trainer, latest_checkpoint, run_trl  # noqa: E402
 from nsr.trl import NSRGRPOTrainer  # noqa: E402
 
@@ -131,6 +134,33 @@ def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
     assert [r["step"] for r in read_jsonl(rd.metrics_path)] == [1, 2, 3]
     assert latest_checkpoint(rd).name == "checkpoint-8"  # RL step 2 = optimizer step 2 x (2 minibatches x 2 passes)
     run(cfg, rd.path, progress=False)
+    assert rd.state() == "done"
+    assert _rows(rd) == _rows(nsr_run)
+    assert read_jsonl(rd.eval_path) == read_jsonl(nsr_run.eval_path)
+    assert read_jsonl(rd.log_path("ratio_bins.jsonl")) == read_jsonl(nsr_run.log_path("ratio_bins.jsonl"))
+
+
+def test_sigusr1_saves_at_the_step_end_and_the_rerun_resumes(nsr_run, tmp_path):
+    """SIGUSR1 during RL step 3 (after its rollout, before its updates): the run finishes step 3, saves a checkpoint
+    there although none is due (checkpoint_every=2), records cancelled; the rerun resumes from step 3, not 2, and ends
+    with the uninterrupted run's rows. The same signal during the last step lets the run end done."""
+
+    def signal_at(at):
+        def hook(step, trainer):
+            if step == at:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+        return hook
+
+    cfg, out = config("loss.rule=nsr"), tmp_path / "run"
+    with pytest.raises(Cancelled, match="after RL step 3 of 4"):
+        run(cfg, out, progress=False, before_step=signal_at(3))
+    rd = RunDir(out)
+    assert rd.state() == "cancelled" and "SIGUSR1" in rd.status()["error"]
+    assert [r["step"] for r in read_jsonl(rd.metrics_path)] == [1, 2, 3]
+    assert latest_checkpoint(rd).name == "checkpoint-12"  # RL step 3 x 4 optimizer steps; step 2's was rotated out
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler lives only while the run trains
+    run(cfg, out, progress=False, before_step=signal_at(4))
     assert rd.state() == "done"
     assert _rows(rd) == _rows(nsr_run)
     assert read_jsonl(rd.eval_path) == read_jsonl(nsr_run.eval_path)

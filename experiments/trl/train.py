@@ -16,21 +16,29 @@ math: the offline evaluator's benchmarks and scorer); TRL's checkpoints in ``trl
 logging.checkpoint_every RL steps. A folder with a checkpoint resumes from the latest one (TRL restores model,
 optimizer, scheduler and RNG states), its logs cut back to that step. Tiny models start from the testbed's cached SFT
 warm start (experiments/sft.py).
+
+Stopping without loss: SIGUSR1 (``kill -USR1 PID``; on SLURM ``scancel --signal=USR1 JOB``) makes the run finish the
+RL step under way, save a TRL checkpoint at its end, stop and record ``cancelled``; the rerun resumes from that step.
+(SIGTERM stops at once; the rerun resumes from the last periodic checkpoint.)
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
 import torch
 
 from experiments.config import RunConfig
-from experiments.rundir import RunDir
+from experiments.rundir import Cancelled, RunDir
 from experiments.trl.config_checks import HF_TASKS
 
 CHECKPOINT_DIR = "trl_checkpoints"
+SAVE_SIGNAL = signal.SIGUSR1
+"""The signal that makes a trl-backend run save a checkpoint at the end of its RL step and stop (module doc)."""
 
 
 def optimizer_steps_per_rl_step(cfg: RunConfig) -> int:
@@ -259,10 +267,29 @@ def check_runnable(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
-def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after: int | None = None, before_step=None):
+class SaveAndStop:
+    """A request to save a checkpoint at the end of the RL step under way and stop (set by SAVE_SIGNAL's handler)."""
+
+    def __init__(self):
+        self.requested = False
+
+    def request(self, signum=None, frame=None) -> None:
+        self.requested = True
+
+
+def build_trainer(
+    cfg: RunConfig,
+    rd: RunDir,
+    progress: bool = False,
+    stop_after: int | None = None,
+    before_step=None,
+    save_and_stop: SaveAndStop | None = None,
+):
     """(NSRGRPOTrainer of ``cfg`` writing into ``rd``, evaluate function). ``stop_after``: the trainer stops after
     this RL step as if killed (tests of the resume path). ``before_step(step, trainer)``: called once per RL step
-    ``step`` (1-based) after its rollout and before its updates (NSRGRPOTrainer.after_rollout)."""
+    ``step`` (1-based) after its rollout and before its updates (NSRGRPOTrainer.after_rollout). ``save_and_stop``:
+    once requested, the trainer saves a checkpoint at the end of the RL step under way (unless it is the last) and
+    stops."""
     from transformers import PrinterCallback, TrainerCallback
 
     from nsr.trl import NSRGRPOTrainer
@@ -307,13 +334,23 @@ def build_trainer(cfg: RunConfig, rd: RunDir, progress: bool = False, stop_after
                 control.should_training_stop = True
             self.t0 = time.perf_counter()
 
+    class SaveOnRequest(TrainerCallback):
+        """At an RL step's end (every K optimizer steps) after a save-and-stop request: save, then stop. The step's
+        metrics row is written before the save (Trainer logs, then saves), so the checkpoint and the logs agree."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if save_and_stop is not None and save_and_stop.requested and state.global_step % k == 0:
+                if state.global_step < state.max_steps:
+                    control.should_save = True
+                    control.should_training_stop = True
+
     trainer = NSRGRPOTrainer(
         model=model,
         reward_funcs=[reward],
         args=grpo_config(cfg, rd.path / CHECKPOINT_DIR, progress),
         train_dataset=data,
         processing_class=tok,
-        callbacks=[RunFolder()],
+        callbacks=[RunFolder(), SaveOnRequest()],
         loss=cfg.loss,
         advantages=cfg.advantages,
         seed=cfg.seed,
@@ -340,7 +377,18 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
 
     set_threads()
     progress = progress and cfg.logging.progress
-    trainer, run_eval = build_trainer(cfg, rd, progress, stop_after, before_step)
+    stop = SaveAndStop()
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
+    previous = signal.signal(SAVE_SIGNAL, stop.request) if main_thread else None
+    try:
+        _train(cfg, rd, progress, stop_after, before_step, stop)
+    finally:
+        if main_thread:
+            signal.signal(SAVE_SIGNAL, previous)
+
+
+def _train(cfg: RunConfig, rd: RunDir, progress: bool, stop_after, before_step, stop: SaveAndStop) -> None:
+    trainer, run_eval = build_trainer(cfg, rd, progress, stop_after, before_step, stop)
     resume = latest_checkpoint(rd)
     if resume is None:
         for p in (rd.path / CHECKPOINT_DIR).glob("*"):  # a fresh start: nothing but the model record stays
@@ -351,6 +399,12 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
     else:
         rd.truncate_logs(checkpoint_rl_step(resume, cfg))
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    step = trainer.state.global_step // optimizer_steps_per_rl_step(cfg)
+    if stop.requested and step < cfg.train.steps:
+        raise Cancelled(
+            f"signal {SAVE_SIGNAL.name}: saved a checkpoint after RL step {step} of {cfg.train.steps} and stopped; "
+            "a rerun resumes from it"
+        )
     if stop_after is not None and stop_after < cfg.train.steps:
         return
     rd.compress_eval()
