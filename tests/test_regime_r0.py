@@ -79,7 +79,10 @@ def test_r0_not_run_and_incomplete(tmp_path):
     running.write_text(json.dumps({**json.loads(running.read_text()), "state": "running"}))
     out = regime.r0_readout(root, plan)
     assert out["outcome"] == "incomplete" and len(out["runs"]) == 2 and out["pending"][0]["state"] == "running"
-    assert "Unfinished:" in regime.r0_markdown(out)
+    assert list(out["criteria"]) == ["complete"]  # nothing read from part of the stage
+    table = regime.r0_markdown(out)
+    assert "In progress: 2 of 3 done" in table
+    assert "reach" not in table and "zone" not in table and "| running | |" in table
 
 
 def test_r0_cli(tmp_path, capsys):
