@@ -47,7 +47,8 @@ trainer's update).
 The file is the toy's format (a header line, then one line per state: ``run``, ``seed``, ``step``, ``before``,
 ``after``, ``metrics``; the training-split fields are NaN), so ``python -m analysis.mechanism FILES --gate RULE
 --split held-out`` reads it. A stopped walk is rerun with the same command: an unfinished run resumes from its TRL
-checkpoint and its file keeps the states up to it; a done run with a complete file is skipped.
+checkpoint and its file keeps the states up to it; a done run with a complete file is skipped. SIGUSR1 stops a walk
+without loss: the RL step under way ends (its state line written), a checkpoint is saved there, exit 143.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ import time
 from pathlib import Path
 
 from experiments.config import ConfigError, RunConfig, load_config
+from experiments.rundir import Cancelled
 from experiments.trl.probe import (
     Prober,
     ProbeSet,
@@ -240,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Cancelled as e:  # SIGTERM, or SIGUSR1 after saving at the step's end: the same command resumes
+        print(f"cancelled: {e}", file=sys.stderr)
+        return 143
 
 
 def _make_set(a, cfg: RunConfig, argv) -> int:

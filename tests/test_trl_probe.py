@@ -5,6 +5,8 @@ probe set keeps sampled completions whatever they say (``verify``); the real set
 (make-set)."""
 
 import json
+import os
+import signal
 
 import pytest
 
@@ -252,3 +254,31 @@ def test_a_stopped_walk_resumes_from_its_checkpoint(env, walked, monkeypatch):
     assert mechanism_stats.load_headers(out)[-1]["resumed_from_step"] == 1
     # the same numbers as the walk that was never stopped (checkpointing changes nothing)
     assert json.dumps([{**x, "wall_s": None} for x in resumed]) == json.dumps([{**x, "wall_s": None} for x in lines])
+
+
+def test_sigusr1_stops_a_walk_at_the_steps_end_and_the_same_command_resumes(env, walked, monkeypatch, capsys):
+    """SIGUSR1 during probed step 2 (no periodic checkpoint: checkpoint_every 0): step 2 ends with its state line and
+    a checkpoint, the command exits 143; run again, it resumes from step 2 and gives the never-stopped walk's lines."""
+    lines, _ = walked
+    real_call = probe.Prober.__call__
+
+    def signal_at_2(self, step, tr):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        real_call(self, step, tr)
+
+    out, run_dir = env["root"] / "usr1.jsonl", env["root"] / "usr1"
+    overrides = [f"model.name={env['folder']}", *SMALL, *CLIPS]
+    args = ["walk", "--preset", PRESET, *overrides, "--rules", "soft,nsr", "--start", "1", "--states", "3",
+            "--probe-set", str(env["set"]), "--run-dir", str(run_dir), "--out", str(out), "--check-replay",
+            "--quiet"]  # fmt: skip
+    monkeypatch.setattr(probe.Prober, "__call__", signal_at_2)
+    assert mechanism_trl.main(args) == 143
+    assert "SIGUSR1" in capsys.readouterr().err
+    assert [x["step"] for x in mechanism_stats.load_states(out)] == [1, 2]
+    monkeypatch.setattr(probe.Prober, "__call__", real_call)
+    assert mechanism_trl.main(args) == 0, capsys.readouterr().err
+    assert mechanism_stats.load_headers(out)[-1]["resumed_from_step"] == 2
+    resumed = mechanism_stats.load_states(out)
+    strip = [{k: v for k, v in x.items() if k not in ("wall_s", "run")} for x in resumed]
+    assert json.dumps(strip) == json.dumps([{k: v for k, v in x.items() if k not in ("wall_s", "run")} for x in lines])
