@@ -67,6 +67,10 @@ RECORD = "slurm.json"
 _PACKAGES = ("torch", "transformers", "openrlhf", "numpy", "datasets", "submitit", "vllm", "deepspeed", "ray")
 
 
+SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")
+"""Recorded (lower-cased) in status.json by an attempt that runs inside a SLURM job."""
+
+
 class RunFolderError(RuntimeError):
     """This folder cannot take this run: a file, not writable, not a run folder, or unreadable run files."""
 
@@ -314,9 +318,9 @@ class RunDir:
         st = self.status() or {}
         if st.get("state") == BAD:  # unreadable history is not carried over
             st = {}
-        if state == "running":  # a new attempt: the previous attempt's error is history
-            st.pop("error", None)
-            st.pop("traceback", None)
+        if state == "running":  # a new attempt: the previous attempt's error and SLURM job are history
+            for key in ("error", "traceback", *(k.lower() for k in SLURM_VARS)):
+                st.pop(key, None)
         st.update(state=state, updated=now, host=socket.gethostname(), pid=os.getpid(), **extra)
         st.setdefault("created", now)
         if state == "running":
@@ -324,7 +328,7 @@ class RunDir:
             st["attempts"] = int(st.get("attempts", 0)) + 1
         else:
             st["finished"] = now
-        for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        for key in SLURM_VARS:  # the attempt's own job, if it runs in one
             if key in os.environ:
                 st[key.lower()] = os.environ[key]
         self.path.mkdir(parents=True, exist_ok=True)

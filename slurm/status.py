@@ -8,9 +8,10 @@ State column: the folder's state (running | done | failed | cancelled), checked 
 cannot know: a folder with no status.json whose job was submitted reads ``queued`` while SLURM has the job,
 ``not started (job CANCELLED)`` (or FAILED, TIMEOUT, ...) once its job ended without starting the run, and
 ``submitted`` where neither sacct nor squeue can be read; a ``running`` folder whose job ended reads
-``stopped (job TIMEOUT)`` etc. (the run was killed before it could record it; resubmitting resumes it). ``bad``:
-status.json or config.yaml cannot be read (the error column says why). ``-``: not started. The job id comes from
-the folder's slurm.json (written by slurm.submit) or status.json; the sacct column is ``n/a`` where SLURM
+``stopped (job TIMEOUT)`` etc. (the run was killed before it could record it; resubmitting resumes it), unless a
+process holds the folder's lock (a run restarted by hand with ``experiments.run`` after its job ended is running).
+``bad``: status.json or config.yaml cannot be read (the error column says why). ``-``: not started. The job id comes
+from the folder's slurm.json (written by slurm.submit) or status.json; the sacct column is ``n/a`` where SLURM
 accounting cannot be read. A config that runs in another sweep's folder (a config runs once) shows that folder's
 state, and the ``in`` column names the folder.
 
@@ -82,6 +83,7 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
                 if state == "done" and "finished" in st and "started" in st
                 else None,
                 "finished": st.get("finished") if state == "done" else None,
+                "locked": state == "running" and rd.locked(),
             }
         )
     jobs = [r["job"] for r in out if r["job"]]
@@ -97,13 +99,15 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
             live = None
     for r in out:
         r["sacct"] = "n/a" if states is None else states.get(r["job"], "-") if r["job"] else "-"
-        r["state"] = _reconcile(r["state"], r["job"], states, live)
+        r["state"] = _reconcile(r["state"], r["job"], states, live, r.pop("locked"))
     return out
 
 
-def _reconcile(state: str, job: str | None, sacct: dict | None, live: dict | None) -> str:
+def _reconcile(state: str, job: str | None, sacct: dict | None, live: dict | None, locked: bool = False) -> str:
     """The folder's state, corrected by what SLURM knows where the folder cannot record it (see the module doc)."""
     if state not in ("submitted", "running") or not job:
+        return state
+    if state == "running" and locked:  # a process holds the folder: running, whatever an earlier job says
         return state
     if sacct is not None and job in sacct:
         ended = sacct[job] not in queue.LIVE_STATES

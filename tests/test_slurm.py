@@ -323,6 +323,8 @@ def test_status_shows_sacct_state_of_jobs_that_ended_without_the_run(tmp_path):
     table = wait_for(lambda: recorded(rows(sw, out_root=root)), 60, "sacct to record the cancellations")
     assert [r["sacct"] for r in table] == ["CANCELLED", "CANCELLED"]
     assert [r["state"] for r in table] == ["not started (job CANCELLED)", "stopped (job CANCELLED)"]
+    with RunDir(root / killed.sweep / killed.run_id).lock():  # restarted by hand (experiments.run): it holds the folder
+        assert [r["state"] for r in rows(sw, out_root=root)] == ["not started (job CANCELLED)", "running"]
 
 
 @pytest.mark.timeout(600)

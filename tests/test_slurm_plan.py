@@ -67,6 +67,22 @@ def test_plan_uses_status_job_ids_and_folder_locks(tmp_path, specs):
     assert after == {"hard": True, "nsr": True}
 
 
+def test_a_new_attempt_records_only_its_own_slurm_job(tmp_path, specs, monkeypatch):
+    rd = RunDir(folder(tmp_path, specs[0]))
+    for key, value in (("SLURM_JOB_ID", "55"), ("SLURM_ARRAY_JOB_ID", "54"), ("SLURM_ARRAY_TASK_ID", "0")):
+        monkeypatch.setenv(key, value)
+    rd.set_status("running")
+    assert rd.job_id() == "54_0"
+    rd.set_status("cancelled", error="Cancelled")  # the same attempt ends: its job stays on record
+    assert rd.status()["slurm_job_id"] == "55"
+    for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(key)
+    rd.set_status("running")  # restarted by hand, outside SLURM: the old job is not this attempt's
+    st = rd.status()
+    assert st["attempts"] == 2 and rd.job_id() is None
+    assert not any(k.startswith("slurm_") for k in st)
+
+
 def test_array_ranges_are_expanded():
     assert queue.expand_ids("7_[2-4,9%2]") == ["7_2", "7_3", "7_4", "7_9"]
     assert queue._parse("7_1|CANCELLED by 0\n7_[2-3]|PENDING\n8|RUNNING\n") == {
