@@ -64,6 +64,9 @@ class Backend:
     """Whether a run needs a Ray cluster over its SLURM allocation's nodes (slurm/ray_cluster.py)."""
     command: Callable[[RunConfig, Path, str], Any] | None = None
     """The launcher command of a run that runs outside this process (``--dry-run`` prints it; None: in process)."""
+    save_signal: str | None = None
+    """The signal (``USR1``) on which a run finishes its step, saves a checkpoint and stops; recorded in status.json
+    for each attempt, read by ``python -m slurm.stop``. None: SIGTERM stops the run at once (last checkpoint)."""
 
 
 BACKENDS: Registry[Backend] = Registry("backend")
@@ -198,5 +201,6 @@ register(
         check=check_trl,
         preflight=_trl_preflight,
         identity=(*_METHOD, "model", "sft", "task", "trl", "logging.checkpoint_every", "logging.keep_checkpoint"),
+        save_signal="USR1",  # experiments/trl/train.py: SAVE_SIGNAL
     )
 )

@@ -155,7 +155,8 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
     if force:
         rd.clear()
     rd.write_config(cfg, run_id=run_id, **(meta or {}))
-    rd.set_status("running", run_hash=cfg.run_hash())
+    save = BACKENDS[cfg.backend].save_signal  # how slurm.stop may stop this attempt without loss
+    rd.set_status("running", run_hash=cfg.run_hash(), **({"save_signal": save} if save else {}))
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if before_step is None:

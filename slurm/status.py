@@ -45,9 +45,9 @@ def _steps(rd: RunDir) -> int:
 
 
 def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | None = None) -> list[dict]:
-    """One dict per run: run_id, arm, state, job, sacct, steps, attempts, error, in (the folder holding the config
-    when it is another sweep's, else ""), wall_s (started -> finished of a done run's last attempt, else None).
-    Never raises on a folder."""
+    """One dict per run: run_id, arm, backend, folder, state, job, sacct, steps, attempts, error, in (the folder
+    holding the config when it is another sweep's, else ""), wall_s (started -> finished of a done run's last
+    attempt, else None). Never raises on a folder."""
     root = Path(out_root) if out_root else RUNS_ROOT
     specs = expand(sweep, preset=preset)
     out = []
@@ -73,6 +73,8 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
             {
                 "run_id": s.run_id,
                 "arm": s.meta["arm"],
+                "backend": s.config.backend,
+                "folder": str(rd.path),
                 "state": state,
                 "job": rd.job_id(),
                 "steps": _steps(rd),

@@ -22,7 +22,7 @@ from conftest import skip_or_fail
 from experiments.rundir import RunDir, read_jsonl
 from experiments.sweep import expand
 from experiments.trl.train import checkpoint_rl_step, latest_checkpoint
-from slurm import queue
+from slurm import queue, stop
 from slurm.status import progress, rows
 from slurm.submit import main, plan, submit
 
@@ -256,6 +256,41 @@ def test_trl_run_saves_and_stops_on_scancel_usr1(tmp_path):
     assert ckpt is not None and checkpoint_rl_step(ckpt, d.spec.config) == rows_  # saved at the step it stopped
     (again,) = plan([d.spec], tmp_path / "runs", False, queue.live_jobs())
     assert again.submit and again.reason.startswith("cancelled")
+
+
+@pytest.mark.timeout(600)
+def test_slurm_stop_saves_a_job_and_a_process_where_each_stands(tmp_path, capsys):
+    """`python -m slurm.stop SWEEP`: a trl run in a SLURM job gets `scancel --signal=USR1`, one started by hand on
+    this host gets USR1 from its pid; each saves at the end of its step (no periodic checkpoint is due) and ends
+    cancelled, and the process exits 143. A run whose attempt records no save signal would get SIGTERM."""
+    sw = tmp_path / "halt.yaml"
+    sw.write_text(
+        "name: halt\npreset: trl-tiny\narms: {hard: {loss.rule: hard}, nsr: {loss.rule: nsr}}\nbase: {train.steps: 40, "
+        "logging.checkpoint_every: 0, eval.n_prompts: 16, eval.n_samples: 1, sft.steps: 150, sft.warmup: 50}\n"
+    )
+    root = tmp_path / "runs"
+    in_job, by_hand = expand(sw)
+    submit(sw, cluster="slurm", only=[in_job.run_id], out_root=root, log_dir=tmp_path / "logs")
+    folder = {s.run_id: root / s.sweep / s.run_id for s in (in_job, by_hand)}
+    cmd = [sys.executable, "-m", "experiments.run", "--sweep", str(sw), "--run", by_hand.run_id, "--out"]
+    proc = subprocess.Popen([*cmd, str(folder[by_hand.run_id]), "--no-progress"], cwd=ROOT)
+    try:
+        for f in folder.values():
+            wait_for(lambda f=f: n_rows(f) >= 2, 420, f"{f.name} step 2")
+        assert stop.main([str(sw), "--out-root", str(root), "--dry-run"]) == 0
+        said = capsys.readouterr().out
+        job = RunDir(folder[in_job.run_id]).job_id()
+        assert f"would send scancel SIGUSR1 {job}" in said and f"would send kill SIGUSR1 {proc.pid}" in said
+        assert stop.main([str(sw), "--out-root", str(root), "--wait", "300"]) == 0
+        assert "cancelled after" in capsys.readouterr().out and proc.wait(60) == 143
+    finally:
+        proc.kill()
+    for spec in (in_job, by_hand):
+        rd = RunDir(folder[spec.run_id])
+        assert rd.state() == "cancelled" and "SIGUSR1" in rd.status()["error"]
+        assert checkpoint_rl_step(latest_checkpoint(rd), spec.config) == n_rows(rd.path) < 40
+    assert stop.main([str(sw), "--out-root", str(root)]) == 0  # nothing runs now: nothing is sent
+    assert "sent" not in capsys.readouterr().out
 
 
 @pytest.mark.timeout(600)

@@ -83,6 +83,36 @@ def test_a_new_attempt_records_only_its_own_slurm_job(tmp_path, specs, monkeypat
     assert not any(k.startswith("slurm_") for k in st)
 
 
+def test_stop_sends_usr1_only_where_the_attempt_saves_on_it(tmp_path, specs):
+    import os
+
+    from slurm.stop import actions
+
+    saves, plain, idle, queued = (RunDir(folder(tmp_path, s)) for s in specs[:4])
+    saves.set_status("running", save_signal="USR1")  # as experiments.run records a trl attempt
+    plain.set_status("running")  # a tiny run, or a trl process started before the field existed
+    idle.set_status("running")  # on record only: no process holds it
+    table = [
+        {"run_id": "saves", "folder": str(saves.path), "state": "running", "job": "5_0"},
+        {"run_id": "plain", "folder": str(plain.path), "state": "running", "job": None},
+        {"run_id": "idle", "folder": str(idle.path), "state": "running", "job": None},
+        {"run_id": "queued", "folder": str(queued.path), "state": "queued", "job": "5_3"},
+    ]
+    live = {"5_0": "RUNNING", "5_3": "PENDING"}
+    with plain.lock():
+        got = {a["run_id"]: (a["how"], a["target"], a["signal"]) for a in actions(table, live=live)}
+        now = {a["run_id"]: a["signal"] for a in actions(table, now=True, live=live)}
+    assert got == {
+        "saves": ("scancel", "5_0", "USR1"),
+        "plain": ("kill", str(os.getpid()), "TERM"),
+        "idle": ("none", "", ""),
+        "queued": ("scancel", "5_3", "TERM"),
+    }
+    assert now == {"saves": "TERM", "plain": "TERM", "idle": "", "queued": "TERM"}
+    saves.set_status("running")  # a new attempt records its own save signal, or none
+    assert "save_signal" not in saves.status()
+
+
 def test_array_ranges_are_expanded():
     assert queue.expand_ids("7_[2-4,9%2]") == ["7_2", "7_3", "7_4", "7_9"]
     assert queue._parse("7_1|CANCELLED by 0\n7_[2-3]|PENDING\n8|RUNNING\n") == {

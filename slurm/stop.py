@@ -1,0 +1,141 @@
+"""Stop a sweep's running runs so that each resumes later without losing work.
+
+    python -m slurm.stop regime_r0               # trl runs save at the end of the RL step under way, others stop now
+    python -m slurm.stop regime_r0 --now         # every run stops now (SIGTERM): it resumes from its last checkpoint
+    python -m slurm.stop regime_r0 --wait 900    # ... then wait until none runs (exit 1 if one still does)
+    python -m slurm.stop regime_r0 --dry-run     # what would be sent; nothing is sent
+
+Each run of the sweep, as ``python -m slurm.status`` sees its folder:
+- running in a live SLURM job: ``scancel --signal=USR1 JOB`` where the attempt recorded that it saves on USR1
+  (status.json ``save_signal``: the trl backend finishes its RL step, saves a checkpoint there and ends ``cancelled``;
+  experiments/trl/train.py), else or with ``--now`` ``scancel JOB`` (SIGTERM: ``cancelled`` at once; the rerun
+  resumes from the last periodic checkpoint);
+- running outside SLURM on this host (``experiments.run`` by hand, ``slurm.submit --cluster local``): the same signal
+  to the process that status.json names, only while a process holds the folder's lock;
+- queued (its job has not started the run): ``scancel JOB``;
+- anything else is left as it is; a run held on another host without a SLURM job is listed, not signalled.
+A stopped run resumes with ``python -m slurm.submit SWEEP`` or ``python -m experiments.run --sweep SWEEP --run ID``.
+
+Exit status: 0; 1 ``--wait`` ran out with runs still running (or a signal could not be sent); 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from experiments.config import ConfigError
+from experiments.rundir import RunDir
+from slurm import queue
+from slurm.status import rows
+
+
+def actions(table: list[dict], now: bool = False, live: dict[str, str] | None = None) -> list[dict]:
+    """What to send to each run of ``table`` (:func:`slurm.status.rows`): {run_id, how (scancel | kill | none),
+    target (job id or pid), signal (USR1 | TERM | ""), why}. ``live``: SLURM's live jobs (None: squeue unreadable)."""
+    host = socket.gethostname()
+    out = []
+    for r in table:
+        job, rd = r["job"], RunDir(r["folder"])
+        st = rd.status() or {}
+        # the attempt's own save signal (experiments.run records it; a backend without one, or a process started
+        # before it was recorded, would die of USR1 without a word: it gets SIGTERM)
+        sig = "TERM" if now or st.get("save_signal") != "USR1" else "USR1"
+        act = {"run_id": r["run_id"], "how": "none", "target": "", "signal": "", "why": r["state"]}
+        in_slurm = bool(job) and live is not None and job in live
+        if r["state"] == "running" and in_slurm:
+            act.update(how="scancel", target=job, signal=sig, why=f"running in job {job}")
+        elif r["state"] == "running":
+            if not rd.locked():
+                act.update(why="running on record, but no process holds its folder")
+            elif st.get("host") != host or not st.get("pid"):
+                act.update(why=f"running on {st.get('host')} outside SLURM: stop it there")
+            else:
+                act.update(how="kill", target=str(st["pid"]), signal=sig, why=f"running here, process {st['pid']}")
+        elif r["state"] in ("queued", "submitted") and in_slurm:
+            act.update(how="scancel", target=job, signal="TERM", why=f"queued as job {job}, not started")
+        out.append(act)
+    return out
+
+
+def send(act: dict) -> str | None:
+    """Send one action; an error message, or None."""
+    if act["how"] == "scancel":
+        cmd = ["scancel", *([f"--signal={act['signal']}"] if act["signal"] == "USR1" else []), act["target"]]
+        p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        return None if p.returncode == 0 else (p.stderr.strip() or f"{' '.join(cmd)}: exit {p.returncode}")
+    if act["how"] == "kill":
+        try:
+            os.kill(int(act["target"]), getattr(signal, f"SIG{act['signal']}"))
+        except OSError as e:
+            return f"process {act['target']}: {e}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m slurm.stop", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("sweep", help="sweep file or name (sweeps/regime_r0.yaml or regime_r0)")
+    p.add_argument("--preset", help="the preset the sweep was submitted with (e.g. tiny)")
+    p.add_argument("--out-root", help="root of the run folders (default results/runs)")
+    p.add_argument("--now", action="store_true", help="SIGTERM for every run: stop at once, resume from a checkpoint")
+    p.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="wait this long for the runs to stop")
+    p.add_argument("--dry-run", action="store_true", help="print what would be sent, send nothing")
+    args = p.parse_args(argv)
+    if args.wait < 0:
+        print(f"error: --wait={args.wait} is not valid; allowed: seconds >= 0", file=sys.stderr)
+        return 2
+    try:
+        table = rows(args.sweep, args.preset, args.out_root)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        live = queue.live_jobs()
+    except queue.QueueError:
+        live = None  # no SLURM here: only local processes can be reached
+    todo = actions(table, now=args.now, live=live)
+    failed = 0
+    for act in todo:
+        if act["how"] == "none":
+            print(f"{act['run_id']}: nothing to send ({act['why']})")
+            continue
+        what = f"{act['how']} SIG{act['signal']} {act['target']}"
+        error = None if args.dry_run else send(act)
+        failed += error is not None
+        print(
+            f"{act['run_id']}: {'would send' if args.dry_run else 'sent'} {what} ({act['why']})"
+            + (f": FAILED: {error}" if error else "")
+        )
+    sent = {a["run_id"] for a in todo if a["how"] != "none"}
+    if args.dry_run or not args.wait or not sent:
+        return 1 if failed else 0
+    end = time.time() + args.wait
+    while True:
+        going = [r for r in rows(args.sweep, args.preset, args.out_root) if r["run_id"] in sent and _going(r)]
+        if not going or time.time() >= end:
+            break
+        time.sleep(2)
+    for r in rows(args.sweep, args.preset, args.out_root):
+        if r["run_id"] in sent:
+            print(f"{r['run_id']}: {r['state']} after {r['steps']} steps")
+    if going:
+        print(f"still running after {args.wait:g} s: {', '.join(r['run_id'] for r in going)}", file=sys.stderr)
+    return 1 if going or failed else 0
+
+
+def _going(r: dict) -> bool:
+    """Still running: on record, and its folder held by a process or its job live."""
+    return r["state"] in ("running", "queued", "submitted") and (
+        RunDir(r["folder"]).locked() or r["sacct"] in (queue.LIVE_STATES)
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
