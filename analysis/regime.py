@@ -720,8 +720,10 @@ def r0_readout(root: str | Path, regime_path: str | Path = REGIME_FILE) -> dict:
         out["outcome"] = "not run"
         return out
     c = out["criteria"]
-    done = len(runs) == len(seeds) and all(r["rows"] >= steps for r in runs)
-    c["complete"] = {"value": f"{len(runs)} of {len(seeds)} done", "holds": done}
+    short = [f"{r['run']} ({r['rows']} rows)" for r in runs if r["rows"] < steps]
+    done = len(runs) == len(seeds) and not short
+    value = f"{len(runs)} of {len(seeds)} done" + (f"; short of {steps} steps: {', '.join(short)}" if short else "")
+    c["complete"] = {"value": value, "holds": done}
     if not done:  # the plan reads its criteria once, on the whole stage: none is computed from part of it
         out["outcome"] = "incomplete"
         return out

@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments import backends
+from experiments import backends, stop_request
 from experiments.config import ConfigError, RunConfig, load_config
 from experiments.rundir import (
     BAD,
@@ -156,6 +156,10 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
         rd.clear()
     rd.write_config(cfg, run_id=run_id, **(meta or {}))
     save = BACKENDS[cfg.backend].save_signal  # how slurm.stop may stop this attempt without loss
+    save_signum = getattr(signal, f"SIG{save}") if save else None
+    # listening before the status says running, ignoring after until the final status write: the signal that
+    # status.json announces never meets the default action (which would end the process without a word)
+    previous_save = stop_request.listen(save_signum) if save_signum else None
     rd.set_status("running", run_hash=cfg.run_hash(), **({"save_signal": save} if save else {}))
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -166,6 +170,8 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
     except BaseException as e:
         # A second SIGTERM (SLURM sends several) must not interrupt the final status write.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if save_signum:
+            stop_request.ignore(save_signum)
         error = f"{type(e).__name__}: {e}"
         if isinstance(e, (Cancelled, KeyboardInterrupt, SystemExit)):  # SystemExit: submitit's requeue
             rd.set_status("cancelled", error=error)
@@ -174,9 +180,13 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
         raise
     else:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if save_signum:
+            stop_request.ignore(save_signum)
         return rd.set_status("done")
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if save_signum:
+            stop_request.restore(save_signum, previous_save)
 
 
 def run_batch(

@@ -432,8 +432,9 @@ class RunDir:
         return self.path / ".lock.soft"
 
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Exclusive use of the folder, created if needed; RunLockedError at once if another process holds it,
+    def lock(self, wait: float = 1.0) -> Iterator[None]:
+        """Exclusive use of the folder, created if needed; RunLockedError if another process holds it for ``wait``
+        seconds (the default outlasts :meth:`locked`'s momentary probe, so a run starting just then is not refused),
         RunFolderError if the folder or its lock file cannot be created (a read-only place, a file in the way).
 
         An OS lock (``filelock``, flock: released when the process dies). Where the file system has no flock
@@ -441,7 +442,7 @@ class RunDir:
         """
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            lock = filelock.FileLock(self.lock_path, timeout=0, fallback_to_soft=False)
+            lock = filelock.FileLock(self.lock_path, timeout=wait, fallback_to_soft=False)
             lock.acquire()
         except filelock.Timeout:
             raise RunLockedError(f"{self.path}: another process is running this run") from None
@@ -471,7 +472,7 @@ class RunDir:
         if not self.lock_path.exists():
             return False
         try:
-            with self.lock():
+            with self.lock(wait=0):  # a probe: held for an instant
                 return False
         except RunLockedError:
             return True

@@ -8,12 +8,15 @@
 Each run of the sweep, as ``python -m slurm.status`` sees its folder:
 - running in a live SLURM job: ``scancel --signal=USR1 JOB`` where the attempt recorded that it saves on USR1
   (status.json ``save_signal``: the trl backend finishes its RL step, saves a checkpoint there and ends ``cancelled``;
-  experiments/trl/train.py), else or with ``--now`` ``scancel JOB`` (SIGTERM: ``cancelled`` at once; the rerun
-  resumes from the last periodic checkpoint);
+  experiments/trl/train.py) and a process holds the folder (past its start-up); otherwise, a requeued job waiting
+  to start again, or with ``--now``: ``scancel JOB`` (SIGTERM: ``cancelled`` at once; the rerun resumes from the last
+  periodic checkpoint). ``scancel --signal`` reaches every process of the job's steps: the trl backend runs in one;
 - running outside SLURM on this host (``experiments.run`` by hand, ``slurm.submit --cluster local``): the same signal
   to the process that status.json names, only while a process holds the folder's lock;
 - queued (its job has not started the run): ``scancel JOB``;
-- anything else is left as it is; a run held on another host without a SLURM job is listed, not signalled.
+- anything else is left as it is; a run held on another host without a SLURM job is listed, not signalled, and so
+  is a run whose config runs in another sweep's folder (a config runs once) unless ``--shared``.
+Runs of one batched task share a job and a process: it is signalled once.
 A stopped run resumes with ``python -m slurm.submit SWEEP`` or ``python -m experiments.run --sweep SWEEP --run ID``.
 
 Exit status: 0; 1 ``--wait`` ran out with runs still running (or a signal could not be sent); 2 bad input.
@@ -35,23 +38,33 @@ from slurm import queue
 from slurm.status import rows
 
 
-def actions(table: list[dict], now: bool = False, live: dict[str, str] | None = None) -> list[dict]:
+def actions(
+    table: list[dict], now: bool = False, live: dict[str, str] | None = None, shared: bool = False
+) -> list[dict]:
     """What to send to each run of ``table`` (:func:`slurm.status.rows`): {run_id, how (scancel | kill | none),
-    target (job id or pid), signal (USR1 | TERM | ""), why}. ``live``: SLURM's live jobs (None: squeue unreadable)."""
+    target (job id or pid), signal (USR1 | TERM | ""), why}. ``live``: SLURM's live jobs (None: squeue unreadable).
+    ``shared``: also runs whose config runs in another sweep's folder (left alone by default). A target already
+    signalled for an earlier run (the runs of one batched task share a job and a process) is not signalled again."""
     host = socket.gethostname()
-    out = []
+    out, seen = [], set()
     for r in table:
         job, rd = r["job"], RunDir(r["folder"])
         st = rd.status() or {}
-        # the attempt's own save signal (experiments.run records it; a backend without one, or a process started
-        # before it was recorded, would die of USR1 without a word: it gets SIGTERM)
-        sig = "TERM" if now or st.get("save_signal") != "USR1" else "USR1"
+        locked = r["state"] == "running" and rd.locked()
+        # USR1 only where the attempt records that it saves on it AND holds its folder now (past its start-up,
+        # where the handler is installed): a process without the handler would die of USR1 without a word
+        usr1 = not now and st.get("save_signal") == "USR1" and locked
+        sig = "USR1" if usr1 else "TERM"
         act = {"run_id": r["run_id"], "how": "none", "target": "", "signal": "", "why": r["state"]}
         in_slurm = bool(job) and live is not None and job in live
-        if r["state"] == "running" and in_slurm:
-            act.update(how="scancel", target=job, signal=sig, why=f"running in job {job}")
+        if r.get("in") and not shared:
+            act.update(why=f"its config runs in {r['in']} (another sweep's folder): --shared stops it too")
+        elif r["state"] == "running" and in_slurm:
+            if live[job] != "RUNNING":  # requeued and waiting: nothing runs, nothing to save
+                sig = "TERM"
+            act.update(how="scancel", target=job, signal=sig, why=f"running in job {job} ({live[job]})")
         elif r["state"] == "running":
-            if not rd.locked():
+            if not locked:
                 act.update(why="running on record, but no process holds its folder")
             elif st.get("host") != host or not st.get("pid"):
                 act.update(why=f"running on {st.get('host')} outside SLURM: stop it there")
@@ -59,6 +72,11 @@ def actions(table: list[dict], now: bool = False, live: dict[str, str] | None = 
                 act.update(how="kill", target=str(st["pid"]), signal=sig, why=f"running here, process {st['pid']}")
         elif r["state"] in ("queued", "submitted") and in_slurm:
             act.update(how="scancel", target=job, signal="TERM", why=f"queued as job {job}, not started")
+        if act["how"] != "none":
+            if (act["how"], act["target"]) in seen:
+                act.update(how="none", target="", signal="", why=f"{act['why']}: signalled with an earlier run")
+            else:
+                seen.add((act["how"], act["target"]))
         out.append(act)
     return out
 
@@ -87,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--now", action="store_true", help="SIGTERM for every run: stop at once, resume from a checkpoint")
     p.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="wait this long for the runs to stop")
     p.add_argument("--dry-run", action="store_true", help="print what would be sent, send nothing")
+    p.add_argument("--shared", action="store_true", help="also runs whose config runs in another sweep's folder")
     args = p.parse_args(argv)
     if args.wait < 0:
         print(f"error: --wait={args.wait} is not valid; allowed: seconds >= 0", file=sys.stderr)
@@ -100,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         live = queue.live_jobs()
     except queue.QueueError:
         live = None  # no SLURM here: only local processes can be reached
-    todo = actions(table, now=args.now, live=live)
+    todo = actions(table, now=args.now, live=live, shared=args.shared)
     failed = 0
     for act in todo:
         if act["how"] == "none":
@@ -121,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         going = [r for r in rows(args.sweep, args.preset, args.out_root) if r["run_id"] in sent and _going(r)]
         if not going or time.time() >= end:
             break
-        time.sleep(2)
+        time.sleep(10)  # each look runs sacct and probes the folders' locks
     for r in rows(args.sweep, args.preset, args.out_root):
         if r["run_id"] in sent:
             print(f"{r['run_id']}: {r['state']} after {r['steps']} steps")

@@ -83,6 +83,13 @@ def test_r0_not_run_and_incomplete(tmp_path):
     table = regime.r0_markdown(out)
     assert "In progress: 2 of 3 done" in table
     assert "reach" not in table and "zone" not in table and "| running | |" in table
+    running.write_text(json.dumps({**json.loads(running.read_text()), "state": "done"}))
+    metrics = running.parent / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:399]))  # done, one row short
+    out = regime.r0_readout(root, plan)
+    assert out["outcome"] == "incomplete" and f"short of 400 steps: {running.parent.name} (399 rows)" in (
+        regime.r0_markdown(out)
+    )
 
 
 def test_r0_cli(tmp_path, capsys):

@@ -85,30 +85,48 @@ def test_a_new_attempt_records_only_its_own_slurm_job(tmp_path, specs, monkeypat
 
 def test_stop_sends_usr1_only_where_the_attempt_saves_on_it(tmp_path, specs):
     import os
+    from contextlib import ExitStack
 
     from slurm.stop import actions
 
-    saves, plain, idle, queued = (RunDir(folder(tmp_path, s)) for s in specs[:4])
-    saves.set_status("running", save_signal="USR1")  # as experiments.run records a trl attempt
+    saves, plain, idle, queued, starting, requeued = (RunDir(folder(tmp_path, s)) for s in specs[:6])
+    for rd in (saves, starting, requeued):
+        rd.set_status("running", save_signal="USR1")  # as experiments.run records a trl attempt
     plain.set_status("running")  # a tiny run, or a trl process started before the field existed
     idle.set_status("running")  # on record only: no process holds it
+
+    def row(run_id, rd, state, job, where=""):
+        return {"run_id": run_id, "folder": str(rd.path), "state": state, "job": job, "in": where}
+
     table = [
-        {"run_id": "saves", "folder": str(saves.path), "state": "running", "job": "5_0"},
-        {"run_id": "plain", "folder": str(plain.path), "state": "running", "job": None},
-        {"run_id": "idle", "folder": str(idle.path), "state": "running", "job": None},
-        {"run_id": "queued", "folder": str(queued.path), "state": "queued", "job": "5_3"},
+        row("saves", saves, "running", "5_0"),
+        row("plain", plain, "running", None),
+        row("idle", idle, "running", None),
+        row("queued", queued, "queued", "5_3"),
+        row("starting", starting, "running", "5_4"),  # its job runs, but it does not hold its folder yet
+        row("requeued", requeued, "running", "5_5"),  # killed hard, its job queued again
+        row("batch-mate", plain, "running", None),  # a second run of plain's batched task: the same process
+        row("shared", saves, "running", "5_0", where="other/saves"),  # its config runs in another sweep's folder
     ]
-    live = {"5_0": "RUNNING", "5_3": "PENDING"}
-    with plain.lock():
+    live = {"5_0": "RUNNING", "5_3": "PENDING", "5_4": "RUNNING", "5_5": "PENDING"}
+    with ExitStack() as held:
+        for rd in (saves, plain, requeued):
+            held.enter_context(rd.lock())
         got = {a["run_id"]: (a["how"], a["target"], a["signal"]) for a in actions(table, live=live)}
         now = {a["run_id"]: a["signal"] for a in actions(table, now=True, live=live)}
+        shared = {a["run_id"]: a["how"] for a in actions(table, live=live, shared=True)}
     assert got == {
         "saves": ("scancel", "5_0", "USR1"),
         "plain": ("kill", str(os.getpid()), "TERM"),
         "idle": ("none", "", ""),
         "queued": ("scancel", "5_3", "TERM"),
+        "starting": ("scancel", "5_4", "TERM"),
+        "requeued": ("scancel", "5_5", "TERM"),
+        "batch-mate": ("none", "", ""),
+        "shared": ("none", "", ""),
     }
-    assert now == {"saves": "TERM", "plain": "TERM", "idle": "", "queued": "TERM"}
+    assert set(now.values()) == {"TERM", ""}
+    assert shared["shared"] == "none"  # with --shared it is reached, but job 5_0 was signalled for "saves" already
     saves.set_status("running")  # a new attempt records its own save signal, or none
     assert "save_signal" not in saves.status()
 

@@ -32,8 +32,10 @@ from pathlib import Path
 
 import torch
 
+from experiments import stop_request
 from experiments.config import RunConfig
 from experiments.rundir import Cancelled, RunDir
+from experiments.stop_request import SaveRequest
 from experiments.trl.config_checks import HF_TASKS
 
 CHECKPOINT_DIR = "trl_checkpoints"
@@ -267,23 +269,13 @@ def check_runnable(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
-class SaveAndStop:
-    """A request to save a checkpoint at the end of the RL step under way and stop (set by SAVE_SIGNAL's handler)."""
-
-    def __init__(self):
-        self.requested = False
-
-    def request(self, signum=None, frame=None) -> None:
-        self.requested = True
-
-
 def build_trainer(
     cfg: RunConfig,
     rd: RunDir,
     progress: bool = False,
     stop_after: int | None = None,
     before_step=None,
-    save_and_stop: SaveAndStop | None = None,
+    save_and_stop: SaveRequest | None = None,
 ):
     """(NSRGRPOTrainer of ``cfg`` writing into ``rd``, evaluate function). ``stop_after``: the trainer stops after
     this RL step as if killed (tests of the resume path). ``before_step(step, trainer)``: called once per RL step
@@ -336,9 +328,17 @@ def build_trainer(
 
     class SaveOnRequest(TrainerCallback):
         """At an RL step's end (every K optimizer steps) after a save-and-stop request: save, then stop. The step's
-        metrics row is written before the save (Trainer logs, then saves), so the checkpoint and the logs agree."""
+        metrics row is written before the save (Trainer logs, then saves), so the checkpoint and the logs agree. Read
+        at the step's end and again after its log and eval (a request made during the eval counts for this step)."""
 
         def on_step_end(self, args, state, control, **kwargs):
+            self._check(state, control)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # after RunFolder's (callbacks run in order)
+            self._check(state, control)
+
+        @staticmethod
+        def _check(state, control):
             if save_and_stop is not None and save_and_stop.requested and state.global_step % k == 0:
                 if state.global_step < state.max_steps:
                     control.should_save = True
@@ -377,17 +377,17 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
 
     set_threads()
     progress = progress and cfg.logging.progress
-    stop = SaveAndStop()
-    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
-    previous = signal.signal(SAVE_SIGNAL, stop.request) if main_thread else None
+    stop = stop_request.current()  # experiments.run listens for SAVE_SIGNAL around the whole attempt
+    own = stop is None and threading.current_thread() is threading.main_thread()  # called directly: listen here
+    previous = stop_request.listen(SAVE_SIGNAL) if own else None
     try:
-        _train(cfg, rd, progress, stop_after, before_step, stop)
+        _train(cfg, rd, progress, stop_after, before_step, stop_request.current() or stop or SaveRequest())
     finally:
-        if main_thread:
-            signal.signal(SAVE_SIGNAL, previous)
+        if own:
+            stop_request.restore(SAVE_SIGNAL, previous)
 
 
-def _train(cfg: RunConfig, rd: RunDir, progress: bool, stop_after, before_step, stop: SaveAndStop) -> None:
+def _train(cfg: RunConfig, rd: RunDir, progress: bool, stop_after, before_step, stop: SaveRequest) -> None:
     trainer, run_eval = build_trainer(cfg, rd, progress, stop_after, before_step, stop)
     resume = latest_checkpoint(rd)
     if resume is None:
