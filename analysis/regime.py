@@ -762,7 +762,10 @@ def r0_markdown(out: dict) -> str:
         lines += ["| run | state | steps |", "|---|---|---|"]
         lines += [f"| {r['run']} | done | {r['rows']} |" for r in out["runs"]]
         lines += [f"| {p['run']} | {p['state']} | |" for p in out["pending"]]
+        missing = [str(x) for x in plan["seeds"] if x not in {r["seed"] for r in out["runs"]}]
         lines += [
+            "",
+            f"Seeds without a done run: {', '.join(missing)}." if missing else "Every seed has a done run.",
             "",
             f"**In progress: {out['criteria']['complete']['value']}.** The criteria are read once all "
             f"{len(plan['seeds'])} runs are done, as the plan says; nothing is read from part of the stage.",

@@ -81,7 +81,7 @@ def test_r0_not_run_and_incomplete(tmp_path):
     assert out["outcome"] == "incomplete" and len(out["runs"]) == 2 and out["pending"][0]["state"] == "running"
     assert list(out["criteria"]) == ["complete"]  # nothing read from part of the stage
     table = regime.r0_markdown(out)
-    assert "In progress: 2 of 3 done" in table
+    assert "In progress: 2 of 3 done" in table and f"Seeds without a done run: {SEEDS[0]}." in table
     assert "reach" not in table and "zone" not in table and "| running | |" in table
     running.write_text(json.dumps({**json.loads(running.read_text()), "state": "done"}))
     metrics = running.parent / "metrics.jsonl"
