@@ -394,11 +394,16 @@ def sweep_members(
     if sweeps_dir is None or not Path(sweeps_dir).is_dir():
         return out, notes
     presets = sorted({p for p in runs.get("meta.preset", pd.Series(dtype=object)).dropna() if isinstance(p, str)})
+    root = f"{Path(sweeps_dir).resolve().parent}/"  # notes name files from the repo, wherever it is checked out
+
+    def why(e: Exception) -> str:
+        return str(e).replace(root, "")
+
     for path in sorted(Path(sweeps_dir).glob("*.yaml")):
         try:
             sweep = load_sweep(path)
         except SweepError as e:
-            notes.append(f"{path.stem}: not expanded: {e}")
+            notes.append(f"{path.stem}: not expanded: {why(e)}")
             continue
         if sweep.status == "template":  # placeholders: no run belongs to it until it is filled in
             continue
@@ -408,7 +413,7 @@ def sweep_members(
             try:
                 specs = expand(sweep, preset=preset, presets_dir=presets_dir)
             except (SweepError, ValueError) as e:
-                notes.append(f"{path.stem} (preset {preset}): not expanded: {e}")
+                notes.append(f"{path.stem} (preset {preset}): not expanded: {why(e)}")
                 continue
             if expanded is not None:  # make_all's expected runs reuse it (analysis.make_all.expected_runs)
                 expanded[(path.resolve(), preset, presets_dir)] = [(r.meta["sweep"], r.run_id) for r in specs]

@@ -351,3 +351,21 @@ def test_a_template_sweep_claims_no_run(tmp_path):
     members, notes = sweep_members(pd.DataFrame({"meta.preset": ["tiny"]}), tmp_path)
     spec = expand(tmp_path / "delta.yaml", preset="tiny")[0]
     assert not notes and sorted(m["sweep"] for m in members[spec.config.run_hash()]) == ["copy", "delta"]
+
+
+def test_notes_on_sweeps_name_files_from_the_repo_wherever_it_lies(tmp_path):
+    """A sweep that cannot expand on a preset is noted with paths relative to the checkout, so the generated tables
+    are the same in every clone."""
+    import pandas as pd
+
+    from analysis.load import sweep_members
+
+    sweeps = tmp_path / "somewhere" / "sweeps"
+    (sweeps / "presets").mkdir(parents=True)
+    (sweeps / "dgg.yaml").write_text((SWEEPS_DIR / "dgg.yaml").read_text())
+    (sweeps / "presets" / "smollm2-trl-cpu.yaml").write_text(
+        (SWEEPS_DIR / "presets" / "smollm2-trl-cpu.yaml").read_text()
+    )
+    _, notes = sweep_members(pd.DataFrame({"meta.preset": ["smollm2-trl-cpu"]}), sweeps, sweeps / "presets")
+    assert notes and all("not expanded" in n for n in notes)
+    assert not any(str(tmp_path) in n for n in notes) and "sweeps/dgg.yaml" in notes[0]
