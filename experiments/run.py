@@ -160,7 +160,12 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
     # listening before the status says running, ignoring after until the final status write: the signal that
     # status.json announces never meets the default action (which would end the process without a word)
     previous_save = stop_request.listen(save_signum) if save_signum else None
-    rd.set_status("running", run_hash=cfg.run_hash(), **({"save_signal": save} if save else {}))
+    extra = {"save_signal": save} if save else {}
+    if BACKENDS[cfg.backend].command is None:  # trains in this process: its thread count sets float rounding
+        from experiments.threads import threads
+
+        extra["threads"] = threads()
+    rd.set_status("running", run_hash=cfg.run_hash(), **extra)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if before_step is None:
@@ -206,6 +211,7 @@ def run_batch(
     unfinished runs are cancelled or failed. Returns the final status of every run, in order. Raises ConfigError
     for configs that cannot share a batch (``experiments.tiny.batched.check_batch``), RunExistsError if every run
     is done, RunLockedError / RunFolderError as :func:`run`."""
+    from experiments.threads import threads
     from experiments.tiny.batched import check_batch, train_batch
 
     check_batch(cfgs)
@@ -236,7 +242,7 @@ def run_batch(
             if force:
                 rds[i].clear()
             rds[i].write_config(cfgs[i], run_id=run_ids[i] if run_ids else None, **(metas[i] if metas else {}))
-            rds[i].set_status("running", run_hash=cfgs[i].run_hash())
+            rds[i].set_status("running", run_hash=cfgs[i].run_hash(), threads=threads())
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             train_batch([cfgs[i] for i in todo], [rds[i] for i in todo], progress=progress)

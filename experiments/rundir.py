@@ -319,7 +319,7 @@ class RunDir:
         if st.get("state") == BAD:  # unreadable history is not carried over
             st = {}
         if state == "running":  # a new attempt: the previous attempt's error and SLURM job are history
-            for key in ("error", "traceback", "save_signal", *(k.lower() for k in SLURM_VARS)):
+            for key in ("error", "traceback", "save_signal", "threads", *(k.lower() for k in SLURM_VARS)):
                 st.pop(key, None)
         st.update(state=state, updated=now, host=socket.gethostname(), pid=os.getpid(), **extra)
         st.setdefault("created", now)

@@ -14,6 +14,13 @@ import torch
 
 def set_threads() -> int:
     """Apply NSR_THREADS (default 1) to torch; returns the thread count."""
+    n = threads()
+    torch.set_num_threads(n)
+    return n
+
+
+def threads() -> int:
+    """The thread count NSR_THREADS asks for (default 1); ValueError naming the variable if it is not one."""
     raw = os.environ.get("NSR_THREADS", "")
     try:
         n = int(raw) if raw else 1
@@ -21,5 +28,4 @@ def set_threads() -> int:
         raise ValueError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer") from None
     if n < 1:
         raise ValueError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer")
-    torch.set_num_threads(n)
     return n

@@ -1,6 +1,7 @@
 """``python -m experiments.run`` on the tiny backend: bad input, a finished run, --force, SIGTERM, another config."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -59,6 +60,7 @@ def test_done_run_is_not_overwritten_without_force(run_env, tmp_path, capsys):
 
     assert main([*args, "--force"]) == 0
     assert rd.state() == "done" and rd.status()["attempts"] == 1  # cleared, then run from scratch
+    assert rd.status()["threads"] == int(os.environ.get("NSR_THREADS", "1"))  # what a bit-identical rerun needs
     strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
     old_rows = [json.loads(line) for line in before["metrics.jsonl"].splitlines()]
     assert strip(read_jsonl(rd.metrics_path)) == strip(old_rows)
