@@ -167,16 +167,19 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
         extra["threads"] = threads()
     rd.set_status("running", run_hash=cfg.run_hash(), **extra)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+
+    def ending() -> None:  # a second SIGTERM (SLURM sends several) or a late save signal must not interrupt the
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # final status write
+        if save_signum:
+            stop_request.ignore(save_signum)
+
     try:
         if before_step is None:
             BACKENDS[cfg.backend].run(cfg, rd, progress)
         else:  # the tiny and trl backends' hook (run() refuses it for any other)
             BACKENDS[cfg.backend].run(cfg, rd, progress, before_step=before_step)
     except BaseException as e:
-        # A second SIGTERM (SLURM sends several) must not interrupt the final status write.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if save_signum:
-            stop_request.ignore(save_signum)
+        ending()
         error = f"{type(e).__name__}: {e}"
         if isinstance(e, (Cancelled, KeyboardInterrupt, SystemExit)):  # SystemExit: submitit's requeue
             rd.set_status("cancelled", error=error)
@@ -184,9 +187,7 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
             rd.set_status("failed", error=error, traceback=traceback.format_exc()[-4000:])
         raise
     else:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if save_signum:
-            stop_request.ignore(save_signum)
+        ending()
         return rd.set_status("done")
     finally:
         signal.signal(signal.SIGTERM, previous)

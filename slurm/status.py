@@ -123,13 +123,17 @@ def _reconcile(state: str, job: str | None, sacct: dict | None, live: dict | Non
     return state
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m slurm.status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def sweep_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The arguments that name a sweep's runs (sweep, --preset, --out-root), shared by slurm.status and slurm.stop."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep", help="sweep file or name (sweeps/delta.yaml or delta)")
     p.add_argument("--preset", help="the preset the sweep was submitted with (e.g. tiny)")
     p.add_argument("--out-root", help="root of the run folders (default results/runs)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = sweep_parser("python -m slurm.status", __doc__)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     args = p.parse_args(argv)
     try:

@@ -24,7 +24,6 @@ Exit status: 0; 1 ``--wait`` ran out with runs still running (or a signal could 
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -35,7 +34,7 @@ import time
 from experiments.config import ConfigError
 from experiments.rundir import RunDir
 from slurm import queue
-from slurm.status import rows
+from slurm.status import rows, sweep_parser
 
 
 def actions(
@@ -96,12 +95,7 @@ def send(act: dict) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m slurm.stop", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("sweep", help="sweep file or name (sweeps/regime_r0.yaml or regime_r0)")
-    p.add_argument("--preset", help="the preset the sweep was submitted with (e.g. tiny)")
-    p.add_argument("--out-root", help="root of the run folders (default results/runs)")
+    p = sweep_parser("python -m slurm.stop", __doc__)
     p.add_argument("--now", action="store_true", help="SIGTERM for every run: stop at once, resume from a checkpoint")
     p.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="wait this long for the runs to stop")
     p.add_argument("--dry-run", action="store_true", help="print what would be sent, send nothing")

@@ -377,11 +377,11 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
 
     set_threads()
     progress = progress and cfg.logging.progress
-    stop = stop_request.current()  # experiments.run listens for SAVE_SIGNAL around the whole attempt
-    own = stop is None and threading.current_thread() is threading.main_thread()  # called directly: listen here
+    # experiments.run listens for SAVE_SIGNAL around the whole attempt; called directly (main thread), listen here
+    own = stop_request.current() is None and threading.current_thread() is threading.main_thread()
     previous = stop_request.listen(SAVE_SIGNAL) if own else None
     try:
-        _train(cfg, rd, progress, stop_after, before_step, stop_request.current() or stop or SaveRequest())
+        _train(cfg, rd, progress, stop_after, before_step, stop_request.current() or SaveRequest())
     finally:
         if own:
             stop_request.restore(SAVE_SIGNAL, previous)
