@@ -54,7 +54,8 @@ def actions(
         # where the handler is installed): a process without the handler would die of USR1 without a word
         usr1 = not now and st.get("save_signal") == "USR1" and locked
         sig = "USR1" if usr1 else "TERM"
-        act = {"run_id": r["run_id"], "how": "none", "target": "", "signal": "", "why": r["state"]}
+        state = "not started" if r["state"] == "-" else r["state"]
+        act = {"run_id": r["run_id"], "how": "none", "target": "", "signal": "", "why": state}
         in_slurm = bool(job) and live is not None and job in live
         if r.get("in") and not shared:
             act.update(why=f"its config runs in {r['in']} (another sweep's folder): --shared stops it too")
@@ -115,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         live = None  # no SLURM here: only local processes can be reached
     todo = actions(table, now=args.now, live=live, shared=args.shared)
     failed = 0
+    quiet = {}  # runs with nothing to send and nothing running: counted by state, not listed one by one
     for act in todo:
+        if act["how"] == "none" and not act["why"].startswith("running"):
+            quiet[act["why"]] = quiet.get(act["why"], 0) + 1
+            continue
         if act["how"] == "none":
             print(f"{act['run_id']}: nothing to send ({act['why']})")
             continue
@@ -126,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{act['run_id']}: {'would send' if args.dry_run else 'sent'} {what} ({act['why']})"
             + (f": FAILED: {error}" if error else "")
         )
+    if quiet:
+        print("nothing to send to " + ", ".join(f"{n} {why}" for why, n in sorted(quiet.items())))
     sent = {a["run_id"] for a in todo if a["how"] != "none"}
     if args.dry_run or not args.wait or not sent:
         return 1 if failed else 0
