@@ -15,8 +15,9 @@ import signal
 class SaveRequest:
     """Set by the signal's handler; read by the backend at the end of each step."""
 
-    def __init__(self):
+    def __init__(self, signum: int | None = None):
         self.requested = False
+        self.signal = signal.Signals(signum).name if signum else None  # what it listens for, e.g. SIGUSR1
 
     def request(self, signum=None, frame=None) -> None:
         self.requested = True
@@ -34,7 +35,7 @@ def listen(signum: int):
     """From now on ``signum`` sets a fresh :func:`current` request (main thread only); returns the previous handler.
     Interrupted system calls restart (``siginterrupt(False)``), so the signal never fails a read or a write."""
     global _current
-    _current = SaveRequest()
+    _current = SaveRequest(signum)
     previous = signal.signal(signum, _current.request)
     signal.siginterrupt(signum, False)
     return previous

@@ -40,7 +40,8 @@ from experiments.trl.config_checks import HF_TASKS
 
 CHECKPOINT_DIR = "trl_checkpoints"
 SAVE_SIGNAL = signal.SIGUSR1
-"""The signal that makes a trl-backend run save a checkpoint at the end of its RL step and stop (module doc)."""
+"""What run_trl listens for when called directly (tests, probes); under experiments.run the backend's
+``save_signal`` (experiments/backends.py) is listened for from before the attempt starts."""
 
 
 def optimizer_steps_per_rl_step(cfg: RunConfig) -> int:
@@ -402,7 +403,7 @@ def _train(cfg: RunConfig, rd: RunDir, progress: bool, stop_after, before_step, 
     step = trainer.state.global_step // optimizer_steps_per_rl_step(cfg)
     if stop.requested and step < cfg.train.steps:
         raise Cancelled(
-            f"signal {SAVE_SIGNAL.name}: saved a checkpoint after RL step {step} of {cfg.train.steps} and stopped; "
+            f"signal {stop.signal}: saved a checkpoint after RL step {step} of {cfg.train.steps} and stopped; "
             "a rerun resumes from it"
         )
     if stop_after is not None and stop_after < cfg.train.steps:
