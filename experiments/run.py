@@ -151,20 +151,31 @@ def check_folder(rd: RunDir, cfg: RunConfig, force: bool) -> None:
         )
 
 
+def _threads_or_fail(rds: list[RunDir]) -> int:
+    """NSR_THREADS for runs that train in this process; a bad value fails them (status failed, naming the variable)
+    before they start, so the run folder, not only the job's log, says why."""
+    from experiments.threads import threads
+
+    try:
+        return threads()
+    except ValueError as e:
+        for rd in rds:
+            rd.set_status("failed", error=f"{type(e).__name__}: {e}")
+        raise
+
+
 def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress: bool, before_step=None) -> dict:
     if force:
         rd.clear()
     rd.write_config(cfg, run_id=run_id, **(meta or {}))
     save = BACKENDS[cfg.backend].save_signal  # how slurm.stop may stop this attempt without loss
     save_signum = getattr(signal, f"SIG{save}") if save else None
+    extra = {"save_signal": save} if save else {}
+    if BACKENDS[cfg.backend].command is None:  # trains in this process: its thread count sets float rounding
+        extra["threads"] = _threads_or_fail([rd])
     # listening before the status says running, ignoring after until the final status write: the signal that
     # status.json announces never meets the default action (which would end the process without a word)
     previous_save = stop_request.listen(save_signum) if save_signum else None
-    extra = {"save_signal": save} if save else {}
-    if BACKENDS[cfg.backend].command is None:  # trains in this process: its thread count sets float rounding
-        from experiments.threads import threads
-
-        extra["threads"] = threads()
     rd.set_status("running", run_hash=cfg.run_hash(), **extra)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -212,7 +223,6 @@ def run_batch(
     unfinished runs are cancelled or failed. Returns the final status of every run, in order. Raises ConfigError
     for configs that cannot share a batch (``experiments.tiny.batched.check_batch``), RunExistsError if every run
     is done, RunLockedError / RunFolderError as :func:`run`."""
-    from experiments.threads import threads
     from experiments.tiny.batched import check_batch, train_batch
 
     check_batch(cfgs)
@@ -243,7 +253,9 @@ def run_batch(
             if force:
                 rds[i].clear()
             rds[i].write_config(cfgs[i], run_id=run_ids[i] if run_ids else None, **(metas[i] if metas else {}))
-            rds[i].set_status("running", run_hash=cfgs[i].run_hash(), threads=threads())
+        n_threads = _threads_or_fail([rds[i] for i in todo])
+        for i in todo:
+            rds[i].set_status("running", run_hash=cfgs[i].run_hash(), threads=n_threads)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             train_batch([cfgs[i] for i in todo], [rds[i] for i in todo], progress=progress)

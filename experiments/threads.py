@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from experiments.config_errors import ConfigError
+
 
 def set_threads() -> int:
     """Apply NSR_THREADS (default 1) to torch; returns the thread count."""
@@ -20,12 +22,12 @@ def set_threads() -> int:
 
 
 def threads() -> int:
-    """The thread count NSR_THREADS asks for (default 1); ValueError naming the variable if it is not one."""
+    """The thread count NSR_THREADS asks for (default 1); ConfigError naming the variable if it is not one."""
     raw = os.environ.get("NSR_THREADS", "")
     try:
         n = int(raw) if raw else 1
     except ValueError:
-        raise ValueError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer") from None
+        raise ConfigError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer") from None
     if n < 1:
-        raise ValueError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer")
+        raise ConfigError(f"NSR_THREADS={raw!r} is not valid; allowed: a positive integer")
     return n

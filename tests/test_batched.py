@@ -327,6 +327,17 @@ def test_a_failing_run_fails_alone(env, tmp_path, monkeypatch):
     assert run_main([str(SMOKE), "seed=1", "--seeds", "0", "--no-progress"]) == 2  # seed= and --seeds
 
 
+def test_bad_nsr_threads_fails_every_run_of_the_batch_before_it_starts(tmp_path, monkeypatch):
+    cfgs = [config([f"seed={s}", "train.steps=2", "eval.every=0"]) for s in range(2)]
+    folders = [tmp_path / f"r{s}" for s in range(2)]
+    monkeypatch.setenv("NSR_THREADS", "-1")
+    with pytest.raises(ConfigError, match="NSR_THREADS='-1' is not valid; allowed: a positive integer"):
+        run_batch(cfgs, folders, progress=False)
+    for f in folders:
+        st = RunDir(f).status()
+        assert st["state"] == "failed" and "NSR_THREADS='-1'" in st["error"] and not RunDir(f).metrics_path.exists()
+
+
 def test_a_batch_checkpoint_is_a_single_run_checkpoint(env, tmp_path):
     """A run checkpointed by the batch resumes in the single-run trainer, and the other way round (float64: to the
     rows of a run that never changed trainer)."""

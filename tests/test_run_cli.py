@@ -45,6 +45,20 @@ def test_missing_config_file(tmp_path, capsys):
     assert "no such config file" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("value", ["0", "two"])
+def test_bad_nsr_threads_fails_the_run_folder_naming_the_variable(tmp_path, capsys, monkeypatch, value):
+    # the environment is no config key, so the folder is made; it must say why the run never started (under SLURM
+    # the job's log is elsewhere), and a rerun with a good value resumes it
+    monkeypatch.setenv("NSR_THREADS", value)
+    out = tmp_path / "run"
+    assert main([str(SMOKE), *SHORT, "--out", str(out), "--no-progress"]) == 2
+    message = f"NSR_THREADS={value!r} is not valid; allowed: a positive integer"
+    assert message in capsys.readouterr().err
+    st = RunDir(out).status()
+    assert st["state"] == "failed" and message in st["error"] and "threads" not in st
+    assert not RunDir(out).metrics_path.exists()
+
+
 @pytest.mark.slow
 def test_done_run_is_not_overwritten_without_force(run_env, tmp_path, capsys):
     out = tmp_path / "run"
