@@ -705,8 +705,9 @@ def r0_readout(root: str | Path, regime_path: str | Path = REGIME_FILE) -> dict:
         if cfg.get("seed") not in seeds:
             continue
         status = (rd.status() or {}).get("state")
-        if status != "done":
-            pending.append({"run": folder.name, "state": status})
+        if status != "done":  # its progress: the steps logged so far (a resumed run rewrites none it keeps)
+            logged = len(read_rows(rd.metrics_path)[0]) if rd.metrics_path.exists() else 0
+            pending.append({"run": folder.name, "state": status, "rows": logged})
             continue
         try:
             reading = premise_run(folder)
@@ -761,7 +762,7 @@ def r0_markdown(out: dict) -> str:
     if out["outcome"] == "incomplete":  # progress only: the criteria are read on the whole stage
         lines += ["| run | state | steps |", "|---|---|---|"]
         lines += [f"| {r['run']} | done | {r['rows']} |" for r in out["runs"]]
-        lines += [f"| {p['run']} | {p['state']} | |" for p in out["pending"]]
+        lines += [f"| {p['run']} | {p['state'] or 'no status'} | {p['rows']} logged |" for p in out["pending"]]
         missing = [str(x) for x in plan["seeds"] if x not in {r["seed"] for r in out["runs"]}]
         lines += [
             "",

@@ -82,9 +82,12 @@ def test_r0_not_run_and_incomplete(tmp_path):
     assert list(out["criteria"]) == ["complete"]  # nothing read from part of the stage
     table = regime.r0_markdown(out)
     assert "In progress: 2 of 3 done" in table and f"Seeds without a done run: {SEEDS[0]}." in table
-    assert "reach" not in table and "zone" not in table and "| running | |" in table
-    running.write_text(json.dumps({**json.loads(running.read_text()), "state": "done"}))
+    assert "reach" not in table and "zone" not in table and "| running | 400 logged |" in table
     metrics = running.parent / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:37]))  # a run part-way: its progress
+    assert "| running | 37 logged |" in regime.r0_markdown(regime.r0_readout(root, plan))
+    running.write_text(json.dumps({**json.loads(running.read_text()), "state": "done"}))
+    shutil.copy(A2 / running.parent.name / "metrics.jsonl", metrics)
     metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:399]))  # done, one row short
     out = regime.r0_readout(root, plan)
     assert out["outcome"] == "incomplete" and f"short of 400 steps: {running.parent.name} (399 rows)" in (
