@@ -15,9 +15,10 @@ folder, or one whose files cannot be read is refused, ``--force`` or not. Withou
 already done (or running) in another folder under results/runs (another sweep that has the same config) is not
 run again: the message says where it is. Bad config: a clear error, and no folder is created.
 
-Exit status: 0 done, 2 bad input (nothing created), 3 the folder refuses the run (done, another config, locked,
-not writable), 143 cancelled (SIGTERM; or SIGUSR1 on the trl backend, which first saves a checkpoint at the end of
-the current RL step, so the rerun loses nothing).
+Exit status: 0 done, 2 bad input (nothing created; except that a bad ``NSR_THREADS``, read under the folder's lock,
+leaves a new folder with its config and status failed naming it, and any other folder as it was), 3 the folder
+refuses the run (done, another config, locked, not writable), 143 cancelled (SIGTERM; or SIGUSR1 on the trl backend,
+which first saves a checkpoint at the end of the current RL step, so the rerun loses nothing).
 
 Many seeds in one process (tiny backend; docs/testbed.md, "Batched testbed"):
     python -m experiments.run sweeps/presets/tiny.yaml loss.rule=nsr --seeds 0-7 --out /tmp/nsr-seeds
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import signal
 import sys
@@ -100,6 +102,13 @@ def run(
         raise RunFolderError(f"{rd.path}: is a file; allowed: a folder (new, or a run folder of this config)")
     existed, had_lock = rd.path.exists(), rd.lock_path.exists()
     started = False
+    save = BACKENDS[cfg.backend].save_signal  # how slurm.stop may stop this attempt without loss
+    save_signum = getattr(signal, f"SIG{save}") if save else None
+    # listening before the folder is locked, and until it is released (ignoring the signal from the final status
+    # write on): a process that holds the folder always has the handler, so the save signal that slurm.stop sends
+    # to the folder's holder never meets the default action, which would end the process without a word; a request
+    # made while the attempt starts is kept, and honoured at the end of its first step
+    previous_save = stop_request.listen(save_signum) if save_signum else None
     try:
         with rd.lock():
             check_folder(rd, cfg, force)
@@ -109,6 +118,9 @@ def run(
         if not started:  # refused before anything was written: leave the place as it was
             _leave_as_it_was(rd, existed, had_lock)
         raise
+    finally:
+        if save_signum:
+            stop_request.restore(save_signum, previous_save)
 
 
 def _leave_as_it_was(rd: RunDir, existed: bool, had_lock: bool) -> None:
@@ -151,31 +163,48 @@ def check_folder(rd: RunDir, cfg: RunConfig, force: bool) -> None:
         )
 
 
-def _threads_or_fail(rds: list[RunDir]) -> int:
-    """NSR_THREADS for runs that train in this process; a bad value fails them (status failed, naming the variable)
-    before they start, so the run folder, not only the job's log, says why."""
+def _threads_or_fail(folders: list[tuple[RunDir, Callable[[], None]]]) -> int:
+    """NSR_THREADS for runs that train in this process, read before any folder is touched (``folders``: each run's
+    folder and how to write its config). A bad value is bad input (ConfigError): a folder with a status keeps it as
+    it is (a done run stays done under --force, a cancelled one stays resumable); a new folder gets its config and
+    status failed naming the variable, so the folder, not only a SLURM job's log, says why the run never started."""
     from experiments.threads import threads
 
     try:
         return threads()
-    except ValueError as e:
-        for rd in rds:
-            rd.set_status("failed", error=f"{type(e).__name__}: {e}")
+    except ConfigError as e:
+        for rd, write_config in folders:
+            if rd.status() is None:
+                write_config()
+                rd.set_status("failed", error=f"{type(e).__name__}: {e}")
         raise
 
 
+def _note_thread_change(rd: RunDir, n: int | None) -> None:
+    """A resumed run at a thread count its earlier attempts did not use: say so (its rows round differently from here
+    on; status.json keeps every count in ``thread_counts``)."""
+    st = rd.status() or {}
+    before = st.get("thread_counts") or ([st["threads"]] if st.get("threads") else [])
+    if n and before and n not in before and st.get("state") != BAD:
+        last = st.get("threads") or before[-1]
+        print(
+            f"note: {rd.path}: NSR_THREADS={n}, its earlier attempts used {', '.join(map(str, before))}: float "
+            f"rounding differs from here on; NSR_THREADS={last} keeps it a bit-identical rerun",
+            file=sys.stderr,
+        )
+
+
 def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress: bool, before_step=None) -> dict:
-    if force:
-        rd.clear()
-    rd.write_config(cfg, run_id=run_id, **(meta or {}))
-    save = BACKENDS[cfg.backend].save_signal  # how slurm.stop may stop this attempt without loss
+    save = BACKENDS[cfg.backend].save_signal
     save_signum = getattr(signal, f"SIG{save}") if save else None
     extra = {"save_signal": save} if save else {}
+    write_config = functools.partial(rd.write_config, cfg, run_id=run_id, **(meta or {}))
     if BACKENDS[cfg.backend].command is None:  # trains in this process: its thread count sets float rounding
-        extra["threads"] = _threads_or_fail([rd])
-    # listening before the status says running, ignoring after until the final status write: the signal that
-    # status.json announces never meets the default action (which would end the process without a word)
-    previous_save = stop_request.listen(save_signum) if save_signum else None
+        extra["threads"] = _threads_or_fail([(rd, write_config)])
+    if force:
+        rd.clear()
+    _note_thread_change(rd, extra.get("threads"))
+    write_config()
     rd.set_status("running", run_hash=cfg.run_hash(), **extra)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -202,8 +231,6 @@ def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress:
         return rd.set_status("done")
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if save_signum:
-            stop_request.restore(save_signum, previous_save)
 
 
 def run_batch(
@@ -249,12 +276,16 @@ def run_batch(
             raise
         if not todo:
             raise RunExistsError(f"every run of this batch is done ({len(rds)}); pass --force to run them again")
+        writes = {
+            i: functools.partial(rds[i].write_config, cfgs[i], run_id=run_ids[i] if run_ids else None,
+                                 **(metas[i] if metas else {}))
+            for i in todo
+        }  # fmt: skip
+        n_threads = _threads_or_fail([(rds[i], writes[i]) for i in todo])
         for i in todo:
             if force:
                 rds[i].clear()
-            rds[i].write_config(cfgs[i], run_id=run_ids[i] if run_ids else None, **(metas[i] if metas else {}))
-        n_threads = _threads_or_fail([rds[i] for i in todo])
-        for i in todo:
+            writes[i]()
             rds[i].set_status("running", run_hash=cfgs[i].run_hash(), threads=n_threads)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:

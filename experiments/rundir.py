@@ -319,8 +319,11 @@ class RunDir:
         if st.get("state") == BAD:  # unreadable history is not carried over
             st = {}
         if state == "running":  # a new attempt: the previous attempt's error and SLURM job are history
+            counts = set(st.get("thread_counts") or ([st["threads"]] if st.get("threads") else []))
             for key in ("error", "traceback", "save_signal", "threads", *(k.lower() for k in SLURM_VARS)):
                 st.pop(key, None)
+            if extra.get("threads"):  # every attempt's count: a run resumed at another count is no one-count rerun
+                st["thread_counts"] = sorted(counts | {extra["threads"]})
         st.update(state=state, updated=now, host=socket.gethostname(), pid=os.getpid(), **extra)
         st.setdefault("created", now)
         if state == "running":
@@ -450,7 +453,7 @@ class RunDir:
             if e.errno not in _NO_FLOCK:  # a read-only place, a file where a folder should be
                 raise RunFolderError(f"{self.path}: cannot write the run folder here ({e.strerror or e})") from None
             print(SOFT_LOCK_NOTE.format(folder=self.path, soft=self.soft_lock_path), file=sys.stderr)
-            lock = filelock.SoftFileLock(self.soft_lock_path, timeout=0)
+            lock = filelock.SoftFileLock(self.soft_lock_path, timeout=wait)
             try:
                 lock.acquire()
             except filelock.Timeout:
@@ -471,13 +474,31 @@ class RunDir:
             return True
         if not self.lock_path.exists():
             return False
-        try:
-            with self.lock(wait=0):  # a probe: held for an instant
-                return False
-        except RunLockedError:
+        probe = filelock.FileLock(self.lock_path, timeout=0, fallback_to_soft=False)
+        try:  # a probe of the OS lock only, held for an instant; where flock is missing, only the soft lock file
+            probe.acquire()  # counts (a probe must never take it: a run starting just then would be refused)
+        except filelock.Timeout:
             return True
-        except RunFolderError:  # cannot even open the lock (a read-only copy): nobody runs it from here
+        except OSError:  # no flock here, or the lock cannot even be opened (a read-only copy): nobody runs it now
             return False
+        probe.release()
+        return False
+
+    def holder_pid(self) -> int | None:
+        """The process holding the folder's OS lock on this host, from /proc/locks; None if none does or it cannot
+        be told (not Linux, a soft lock, a lock held on another host). A process named in status.json is the run's
+        only if it is this one: a new attempt holds the folder for a moment before it rewrites its status."""
+        try:
+            st = os.stat(self.lock_path)
+            text = Path("/proc/locks").read_text()
+        except OSError:
+            return None
+        where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        for line in text.splitlines():  # "1: FLOCK  ADVISORY  WRITE 1234 00:2e:5678 0 EOF"
+            parts = line.split()
+            if "->" not in parts and len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == where:
+                return int(parts[4])
+        return None
 
     # ------------------------------------------------------------ SLURM
     def job_record(self) -> dict:

@@ -12,18 +12,25 @@ Each run of the sweep, as ``python -m slurm.status`` sees its folder:
   to start again, or with ``--now``: ``scancel JOB`` (SIGTERM: ``cancelled`` at once; the rerun resumes from the last
   periodic checkpoint). ``scancel --signal`` reaches every process of the job's steps: the trl backend runs in one;
 - running outside SLURM on this host (``experiments.run`` by hand, ``slurm.submit --cluster local``): the same signal
-  to the process that status.json names, only while a process holds the folder's lock;
-- queued (its job has not started the run): ``scancel JOB``;
+  to the process that status.json names, only while it holds the folder's lock (on Linux, /proc/locks must name
+  that process: a new attempt holds the folder for a moment before it rewrites the record);
+- queued (its job has not started the run), or cancelled / failed on record while its job is back in the queue (a
+  requeued attempt, waiting or starting): ``scancel JOB``;
 - anything else is left as it is; a run held on another host without a SLURM job is listed, not signalled, and so
   is a run whose config runs in another sweep's folder (a config runs once) unless ``--shared``.
 Runs of one batched task share a job and a process: it is signalled once.
 A stopped run resumes with ``python -m slurm.submit SWEEP`` or ``python -m experiments.run --sweep SWEEP --run ID``.
 
-Exit status: 0; 1 ``--wait`` ran out with runs still running (or a signal could not be sent); 2 bad input.
+A run that a process holds while nothing is sent to it (another host, squeue unreadable, its folder held by another
+process than the one on record) is named on stderr and makes the exit status 1.
+
+Exit status: 0; 1 a run is left running (``--wait`` ran out, nothing could be sent to it, or a signal could not be
+sent); 2 bad input.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -66,12 +73,22 @@ def actions(
         elif r["state"] == "running":
             if not locked:
                 act.update(why="running on record, but no process holds its folder")
+            elif job and live is None:
+                act.update(why=f"running in job {job}, but squeue cannot be read here: scancel {job} where it can")
             elif st.get("host") != host or not st.get("pid"):
                 act.update(why=f"running on {st.get('host')} outside SLURM: stop it there")
+            elif (holder := rd.holder_pid()) is not None and holder != st["pid"]:  # a new attempt, an old record
+                act.update(why=f"its folder is held by process {holder}, not {st['pid']} on record (an attempt "
+                           "starting): run this again in a moment")  # fmt: skip
             else:
                 act.update(how="kill", target=str(st["pid"]), signal=sig, why=f"running here, process {st['pid']}")
         elif r["state"] in ("queued", "submitted") and in_slurm:
             act.update(how="scancel", target=job, signal="TERM", why=f"queued as job {job}, not started")
+        elif r["state"] in ("cancelled", "failed") and in_slurm:  # a requeued attempt, waiting or starting
+            why = f"{state} on record, but its job {job} is back ({live[job]}): a requeued attempt"
+            act.update(how="scancel", target=job, signal="TERM", why=why)
+        # a process runs it, nothing is sent to it, and it was not left alone on purpose (--shared)
+        act["left_running"] = act["how"] == "none" and locked and not (r.get("in") and not shared)
         if act["how"] != "none":
             if (act["how"], act["target"]) in seen:
                 act.update(how="none", target="", signal="", why=f"{act['why']}: signalled with an earlier run")
@@ -102,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print what would be sent, send nothing")
     p.add_argument("--shared", action="store_true", help="also runs whose config runs in another sweep's folder")
     args = p.parse_args(argv)
-    if args.wait < 0:
+    if not math.isfinite(args.wait) or args.wait < 0:
         print(f"error: --wait={args.wait} is not valid; allowed: seconds >= 0", file=sys.stderr)
         return 2
     try:
@@ -118,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     quiet = {}  # runs with nothing to send and nothing running: counted by state, not listed one by one
     for act in todo:
-        if act["how"] == "none" and not act["why"].startswith("running"):
+        if act["how"] == "none" and not act["why"].startswith("running") and not act["left_running"]:
             quiet[act["why"]] = quiet.get(act["why"], 0) + 1
             continue
         if act["how"] == "none":
@@ -133,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     if quiet:
         print("nothing to send to " + ", ".join(f"{n} {why}" for why, n in sorted(quiet.items())))
+    left = [a["run_id"] for a in todo if a.get("left_running")]
+    if left:  # the command did not stop them: a script that goes on after it must not think they stopped
+        print(f"not stopped by this command, still running: {', '.join(left)}", file=sys.stderr)
     sent = {a["run_id"] for a in todo if a["how"] != "none"}
     if args.dry_run or not args.wait or not sent:
-        return 1 if failed else 0
+        return 1 if failed or left else 0
     end = time.time() + args.wait
     while True:
         going = [r for r in rows(args.sweep, args.preset, args.out_root) if r["run_id"] in sent and _going(r)]
@@ -147,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['run_id']}: {r['state']} after {r['steps']} steps")
     if going:
         print(f"still running after {args.wait:g} s: {', '.join(r['run_id'] for r in going)}", file=sys.stderr)
-    return 1 if going or failed else 0
+    return 1 if going or failed or left else 0
 
 
 def _going(r: dict) -> bool:

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import textwrap
+import time
 
 import pytest
 
@@ -346,6 +347,35 @@ def test_lock_falls_back_to_a_soft_lock_where_flock_is_missing(tmp_path, capsys,
         assert "does not support flock" in capsys.readouterr().err and rd.soft_lock_path.exists()
         assert rd.locked()
         with pytest.raises(RunLockedError, match="soft lock"):
-            with RunDir(rd.path).lock():
+            with RunDir(rd.path).lock(wait=0.2):
                 pass
+        capsys.readouterr()
+        assert rd.locked() and capsys.readouterr().err == ""  # a probe reads the soft lock: no note
     assert not rd.soft_lock_path.exists() and not rd.locked()
+    assert not rd.soft_lock_path.exists() and capsys.readouterr().err == ""  # the probe took no lock
+
+
+def test_a_soft_lock_waits_like_flock_and_a_probe_never_takes_it(tmp_path, monkeypatch):
+    """A run starting while slurm.status probes the folder is not refused where flock is missing (the probe reads
+    the soft lock file and never creates it), and lock(wait) waits for a holder that lets go."""
+    import threading
+
+    monkeypatch.setattr(fcntl, "flock", lambda fd, op: (_ for _ in ()).throw(OSError(errno.ENOSYS, "no flock")))
+    rd = RunDir(tmp_path / "run")
+    with rd.lock():
+        pass
+    taken = threading.Event()
+
+    def hold():
+        with RunDir(rd.path).lock():
+            taken.set()
+            time.sleep(0.5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    taken.wait(5)
+    assert rd.locked()
+    with RunDir(rd.path).lock(wait=10):  # the holder lets go after 0.5 s: this waits for it
+        assert rd.locked()
+    t.join()
+    assert not rd.locked()

@@ -57,6 +57,16 @@ def test_bad_nsr_threads_fails_the_run_folder_naming_the_variable(tmp_path, caps
     st = RunDir(out).status()
     assert st["state"] == "failed" and message in st["error"] and "threads" not in st
     assert not RunDir(out).metrics_path.exists()
+    # a folder with a status is left as it was: --force must not clear a done run for a run that cannot start
+    from experiments.config import load_config
+
+    done = RunDir(tmp_path / "done")
+    done.write_config(load_config(SMOKE, SHORT))
+    done.set_status("done")
+    done.metrics_path.write_text('{"step": 1}\n')
+    before = {p.name: p.read_bytes() for p in done.path.iterdir() if p.is_file() and p.name != ".lock"}
+    assert main([str(SMOKE), *SHORT, "--out", str(done.path), "--force", "--no-progress"]) == 2
+    assert {p.name: p.read_bytes() for p in done.path.iterdir() if p.is_file() and p.name != ".lock"} == before
 
 
 @pytest.mark.slow
@@ -122,3 +132,16 @@ def test_dry_run_of_a_tiny_sweep_prints_the_command_that_reruns_each_run(capsys)
         assert x["openrlhf_argv"] is None and x["argv"][1:3] == ["-m", "experiments.run"]
         assert x["argv"][x["argv"].index("--run") + 1] == x["run_id"]
     assert [f.exists() for f in folders] == before  # a dry run creates no run folder
+
+
+def test_a_resume_at_another_thread_count_is_noted(tmp_path, capsys):
+    from experiments.run import _note_thread_change
+
+    rd = RunDir(tmp_path / "run")
+    rd.set_status("running", threads=2)
+    rd.set_status("cancelled")
+    _note_thread_change(rd, 2)
+    assert capsys.readouterr().err == ""  # the same count: a bit-identical resume
+    _note_thread_change(rd, 1)
+    err = capsys.readouterr().err
+    assert "NSR_THREADS=1, its earlier attempts used 2" in err and "NSR_THREADS=2 keeps it a bit-identical" in err

@@ -83,6 +83,19 @@ def test_a_new_attempt_records_only_its_own_slurm_job(tmp_path, specs, monkeypat
     assert not any(k.startswith("slurm_") for k in st)
 
 
+def test_every_attempts_thread_count_is_kept(tmp_path):
+    # float rounding follows the thread count: a run resumed at another count is no rerun at any one count
+    rd = RunDir(tmp_path / "run")
+    rd.set_status("running", threads=2)  # a SLURM attempt (NSR_THREADS = the task's CPUs)
+    rd.set_status("cancelled")
+    assert rd.status()["thread_counts"] == [2]
+    rd.set_status("running", threads=1)  # resumed by hand with the default
+    st = rd.status()
+    assert st["threads"] == 1 and st["thread_counts"] == [1, 2] and st["attempts"] == 2
+    rd.set_status("running")  # a backend that trains in another process records none
+    assert "threads" not in rd.status() and rd.status()["thread_counts"] == [1, 2]
+
+
 def test_stop_sends_usr1_only_where_the_attempt_saves_on_it(tmp_path, specs):
     import os
     from contextlib import ExitStack
@@ -129,6 +142,59 @@ def test_stop_sends_usr1_only_where_the_attempt_saves_on_it(tmp_path, specs):
     assert shared["shared"] == "none"  # with --shared it is reached, but job 5_0 was signalled for "saves" already
     saves.set_status("running")  # a new attempt records its own save signal, or none
     assert "save_signal" not in saves.status()
+
+
+def test_stop_reaches_requeued_jobs_and_names_the_runs_it_leaves_running(tmp_path, specs, capsys):
+    import json
+    import os
+    from contextlib import ExitStack
+
+    from slurm.stop import actions
+    from slurm.stop import main as stop_main
+
+    back, back_failed, done, elsewhere, blind, stale = (RunDir(folder(tmp_path, s)) for s in specs[:6])
+    back.set_status("cancelled")  # stopped, and its job requeued (preemption): the job is live again
+    back_failed.set_status("failed")
+    done.set_status("done")
+    for rd in (elsewhere, blind, stale):
+        rd.set_status("running", save_signal="USR1")
+    record = json.loads(elsewhere.status_path.read_text())
+    elsewhere.status_path.write_text(json.dumps({**record, "host": "node17"}))  # held on another host
+    record = json.loads(stale.status_path.read_text())
+    stale.status_path.write_text(json.dumps({**record, "pid": os.getppid()}))  # an old attempt's record
+
+    def row(run_id, rd, state, job):
+        return {"run_id": run_id, "folder": str(rd.path), "state": state, "job": job, "in": ""}
+
+    table = [
+        row("back", back, "cancelled", "6_0"),
+        row("back-failed", back_failed, "failed", "6_1"),
+        row("done", done, "done", "6_2"),
+        row("elsewhere", elsewhere, "running", None),
+        row("blind", blind, "running", "6_4"),
+        row("stale", stale, "running", None),
+    ]
+    with ExitStack() as held:
+        for rd in (elsewhere, blind, stale):  # this process holds them, as a run's process would
+            held.enter_context(rd.lock())
+        assert stale.holder_pid() == os.getpid() != stale.status()["pid"]
+        got = {a["run_id"]: a for a in actions(table, live={"6_0": "RUNNING", "6_1": "PENDING", "6_2": "RUNNING"})}
+        blind_act = {a["run_id"]: a for a in actions(table, live=None)}["blind"]
+    assert [got[r]["how"] for r in ("back", "back-failed")] == ["scancel", "scancel"]
+    assert got["back"]["signal"] == "TERM" and "requeued attempt" in got["back"]["why"]
+    assert got["done"]["how"] == "none" and not got["done"]["left_running"]
+    assert got["elsewhere"]["how"] == "none" and "on node17 outside SLURM" in got["elsewhere"]["why"]
+    assert got["stale"]["how"] == "none" and f"held by process {os.getpid()}" in got["stale"]["why"]
+    assert blind_act["how"] == "none" and "squeue cannot be read" in blind_act["why"]
+    assert all(a["left_running"] for a in (got["elsewhere"], got["stale"], blind_act))
+
+    # the command: a run left running makes exit 1 and is named; a --wait that is no number of seconds is bad input
+    argv = ["rescue_vs_decay", "--preset", "tiny-smoke", "--out-root", str(tmp_path), "--dry-run"]
+    with elsewhere.lock():
+        assert stop_main(argv) == 1
+    assert "still running: " + specs[3].run_id in capsys.readouterr().err
+    assert stop_main(argv) == 0  # nobody holds it now: nothing runs
+    assert stop_main([*argv, "--wait", "nan"]) == 2 and "--wait=nan is not valid" in capsys.readouterr().err
 
 
 def test_array_ranges_are_expanded():

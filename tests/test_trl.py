@@ -167,6 +167,31 @@ def test_sigusr1_saves_at_the_step_end_and_the_rerun_resumes(nsr_run, tmp_path):
     assert read_jsonl(rd.log_path("ratio_bins.jsonl")) == read_jsonl(nsr_run.log_path("ratio_bins.jsonl"))
 
 
+def test_sigusr1_while_the_attempt_starts_is_kept_for_its_first_step_end(nsr_run, tmp_path, monkeypatch):
+    """slurm.stop signals a folder's holder: the signal can come after the attempt locks the folder and before it
+    writes its status. The handler is installed before the lock, so the request is kept: the run stops at the end of
+    RL step 1 with a checkpoint, and the rerun ends with the uninterrupted run's rows."""
+    import experiments.run as run_module
+
+    real = run_module.check_folder
+
+    def check_then_signal(rd, cfg, force):
+        assert rd.locked() and rd.holder_pid() == os.getpid()  # the folder is held: slurm.stop may signal now
+        os.kill(os.getpid(), signal.SIGUSR1)
+        real(rd, cfg, force)
+
+    cfg, out = config("loss.rule=nsr"), tmp_path / "run"
+    monkeypatch.setattr(run_module, "check_folder", check_then_signal)
+    with pytest.raises(Cancelled, match="after RL step 1 of 4"):
+        run(cfg, out, progress=False)
+    monkeypatch.setattr(run_module, "check_folder", real)
+    rd = RunDir(out)
+    assert rd.state() == "cancelled" and [r["step"] for r in read_jsonl(rd.metrics_path)] == [1]
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    run(cfg, out, progress=False)
+    assert rd.state() == "done" and _rows(rd) == _rows(nsr_run)
+
+
 @pytest.mark.parametrize("agg, loss_type", [("token-mean", "dapo"), ("seq-mean-token-mean", "grpo")])
 def test_hard_equals_trls_own_loss(run_env, tmp_path, agg, loss_type):
     """After one RL step, on each buffered minibatch (old log-probs from before the updates, so ratios are off 1):
