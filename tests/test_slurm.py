@@ -262,11 +262,13 @@ def test_trl_run_saves_and_stops_on_scancel_usr1(tmp_path):
 def test_slurm_stop_saves_a_job_and_a_process_where_each_stands(tmp_path, capsys):
     """`python -m slurm.stop SWEEP`: a trl run in a SLURM job gets `scancel --signal=USR1`, one started by hand on
     this host gets USR1 from its pid; each saves at the end of its step (no periodic checkpoint is due) and ends
-    cancelled, and the process exits 143. A run whose attempt records no save signal would get SIGTERM."""
+    cancelled, and the process exits 143. A run whose attempt records no save signal would get SIGTERM. The runs are
+    long (400 steps) so that neither ends while the other starts: under load the job can start a minute later."""
     sw = tmp_path / "halt.yaml"
     sw.write_text(
-        "name: halt\npreset: trl-tiny\narms: {hard: {loss.rule: hard}, nsr: {loss.rule: nsr}}\nbase: {train.steps: 40, "
-        "logging.checkpoint_every: 0, eval.n_prompts: 16, eval.n_samples: 1, sft.steps: 150, sft.warmup: 50}\n"
+        "name: halt\npreset: trl-tiny\narms: {hard: {loss.rule: hard}, nsr: {loss.rule: nsr}}\n"
+        "base: {train.steps: 400, logging.checkpoint_every: 0, eval.n_prompts: 16, eval.n_samples: 1, sft.steps: 150, "
+        "sft.warmup: 50}\n"
     )
     root = tmp_path / "runs"
     in_job, by_hand = expand(sw)
@@ -288,7 +290,7 @@ def test_slurm_stop_saves_a_job_and_a_process_where_each_stands(tmp_path, capsys
     for spec in (in_job, by_hand):
         rd = RunDir(folder[spec.run_id])
         assert rd.state() == "cancelled" and "SIGUSR1" in rd.status()["error"]
-        assert checkpoint_rl_step(latest_checkpoint(rd), spec.config) == n_rows(rd.path) < 40
+        assert checkpoint_rl_step(latest_checkpoint(rd), spec.config) == n_rows(rd.path) < 400
     assert stop.main([str(sw), "--out-root", str(root)]) == 0  # nothing runs now: nothing is sent
     assert "sent" not in capsys.readouterr().out
 
