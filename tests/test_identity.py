@@ -9,6 +9,7 @@ import dataclasses
 import gzip
 import json
 import typing
+from pathlib import Path
 
 import pytest
 import yaml
@@ -208,3 +209,21 @@ def test_an_old_run_id_still_resolves_to_its_run():
     spec = resolve_run("delta", folder.name)
     assert spec.config.run_hash() == RunDir(folder).config_hash()
     assert spec.run_id != folder.name  # today's id (the folder keeps its own)
+
+
+def test_every_committed_run_folder_is_done():
+    """Only finished runs are committed (a run in progress is resumed into its folder, and the analysis excludes it):
+    every status.json that git tracks under results/runs reads done, and every tracked run folder has one."""
+    import subprocess
+
+    if not (REPO_ROOT / ".git").exists():
+        pytest.skip("not a git checkout: nothing here says which folders are committed")
+    tracked = subprocess.run(
+        ["git", "ls-files", "--", "results/runs"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    folders = {str(Path(f).parent) for f in tracked if Path(f).name == "config.yaml"}
+    assert len(folders) >= 291
+    statuses = {str(Path(f).parent) for f in tracked if Path(f).name == "status.json"}
+    assert folders <= statuses, sorted(folders - statuses)[:5]
+    not_done = [f for f in sorted(folders) if RunDir(REPO_ROOT / f).state() != "done"]
+    assert not not_done, f"committed run folders that are not done: {not_done[:5]}"
