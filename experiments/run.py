@@ -113,7 +113,7 @@ def run(
         with rd.lock():
             check_folder(rd, cfg, force)
             started = True
-            return _run_locked(cfg, rd, run_id, meta, force, progress, before_step)
+            return _run_locked(cfg, rd, run_id, meta, force, progress, before_step, save)
     except RunFolderError:
         if not started:  # refused before anything was written: leave the place as it was
             _leave_as_it_was(rd, existed, had_lock)
@@ -194,8 +194,10 @@ def _note_thread_change(rd: RunDir, n: int | None) -> None:
         )
 
 
-def _run_locked(cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress: bool, before_step=None) -> dict:
-    save = BACKENDS[cfg.backend].save_signal
+def _run_locked(
+    cfg: RunConfig, rd: RunDir, run_id, meta, force: bool, progress: bool, before_step, save: str | None
+) -> dict:
+    """:func:`run` under the folder's lock; ``save``: the backend's save signal, which :func:`run` listens for."""
     save_signum = getattr(signal, f"SIG{save}") if save else None
     extra = {"save_signal": save} if save else {}
     write_config = functools.partial(rd.write_config, cfg, run_id=run_id, **(meta or {}))
