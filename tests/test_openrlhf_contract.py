@@ -102,6 +102,7 @@ def test_cli_picks_up_our_classes_and_strategy():
     train = _src(_find(tree, "train"))
     assert "from openrlhf.trainer.ppo_trainer import PPOTrainer" in train  # imported at call time
     assert "strategy = get_strategy(args)" in train
+    # the controller is made with .remote (actors.StopsAtSigterm wraps that call: the actor it kills at SIGTERM)
     assert "PolicyModelActor," in train and "ppo_trainer = PPOTrainer.remote(" in train
     assert "if not ray.is_initialized():" in train
 

@@ -130,8 +130,9 @@ def descendants(pid: int) -> list:
 
 def test_nsr_run_killed_mid_run_resumes_with_a_sync_and_finishes(tmp_path):
     run_dir = tmp_path / "nsr"
-    # 128 samples a step (not the preset's 16): a step takes seconds, so the stop lands between the step-2 and step-4
-    # checkpoints; with 16 the trainer finished steps 3 and 4 while the run was being torn down (a quiet machine)
+    # 128 samples a step (not the preset's 16): a step takes about a second, so the stop lands between the step-2 and
+    # step-4 checkpoints once the controller dies at SIGTERM (with 16, and before that kill, the trainer finished
+    # steps 3 and 4 while Ray was being torn down)
     overrides = ("loss.rule=nsr", "logging.keep_checkpoint=true", *BIG_STEPS)
     ckpt = run_dir / "ckpt"
     with open(tmp_path / "first.log", "w") as log:
@@ -160,7 +161,11 @@ def test_nsr_run_killed_mid_run_resumes_with_a_sync_and_finishes(tmp_path):
         if p.is_running():
             p.kill()
     assert not left, f"processes of the stopped run still alive: {left}"
-    log_before = len((run_dir / "openrlhf.log").read_text(errors="replace"))
+    first_log = (run_dir / "openrlhf.log").read_text(errors="replace")
+    # the launcher killed the controller at SIGTERM before Ray's teardown (nsr.openrlhf.actors.StopsAtSigterm): so
+    # the run stopped before its step-4 checkpoint (the resume below is from step 2) though a step takes ~1 s here
+    assert "SIGTERM: stopped the controller" in first_log
+    log_before = len(first_log)
 
     run(*overrides, out=run_dir)  # the same command again: it resumes the folder
 

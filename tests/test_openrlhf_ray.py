@@ -101,6 +101,7 @@ def test_install_swaps_openrlhfs_classes_and_strategy_carries_the_config(orl):
     orl.launch.install(settings)
     assert orl.ppo_actor.PolicyModelActor.__ray_actor_class__ is orl.actors.NSRPolicyModelActor
     assert orl.ppo_trainer.PPOTrainer.__ray_actor_class__ is orl.actors.NSRPPOTrainer
+    assert isinstance(orl.ppo_trainer.PPOTrainer, orl.actors.StopsAtSigterm)  # its actors die at SIGTERM
     assert issubclass(orl.actors.NSRPolicyModelActor, orl.actors.BasePolicyModelActor)
     strategy = openrlhf.utils.get_strategy(args)  # OpenRLHF's DeepspeedStrategy, through our wrapper
     assert type(strategy).__name__ == "DeepspeedStrategy" and strategy.args.nsr is settings
@@ -109,6 +110,41 @@ def test_install_swaps_openrlhfs_classes_and_strategy_carries_the_config(orl):
 
 
 @pytest.mark.parametrize("rule", ["nsr", "hard"])
+class _Steps:
+    """A stand-in controller: counts steps while it lives."""
+
+    def __init__(self):
+        self.n = 0
+
+    def step(self):
+        self.n += 1
+        return self.n
+
+
+def test_sigterm_kills_the_controller_then_runs_the_handler_before_it(orl, ray_session):
+    """The driver at SIGTERM: the controller made through StopsAtSigterm is dead (its next call fails), and the
+    handler that was there before (Ray's sys.exit in the launcher; a recorder here) still runs, once."""
+    import signal
+
+    from ray.exceptions import RayActorError
+
+    seen = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        controller = orl.actors.StopsAtSigterm(ray.remote(num_cpus=0)(_Steps)).remote()
+        other = ray.remote(num_cpus=0)(_Steps).remote()  # made without the wrapper: left alone
+        assert ray.get(controller.step.remote()) == 1
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert seen == [signal.SIGTERM]
+        with pytest.raises(RayActorError):
+            ray.get(controller.step.remote(), timeout=60)
+        assert ray.get(other.step.remote()) == 1
+        os.kill(os.getpid(), signal.SIGTERM)  # the recorder is back in place, the kill done once
+        assert seen == [signal.SIGTERM] * 2
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_the_ray_worker_builds_our_actor_and_loss_from_the_pickled_strategy(orl, ray_session, rule):
     """The training step itself runs for real (DeepSpeed, OpenRLHF's Actor) in tests/test_openrlhf_deepspeed.py;
     here: in a real Ray worker the actor class is ours and the config arrives inside OpenRLHF's strategy."""

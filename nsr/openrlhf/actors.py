@@ -14,6 +14,11 @@
   step, and stops the run after
   ``--nsr.max_steps`` RL steps (:func:`cap_steps`): OpenRLHF itself runs until its prompts run out, which with
   dynamic filtering happens at an arm-dependent step.
+* :class:`StopsAtSigterm` stands in for the controller's remote class in the driver: at SIGTERM (scancel, a
+  preemption, ``experiments.run`` stopping its launcher) the driver kills the controller first, then Ray's own handler
+  runs. Ray's handler exits and tears the local cluster down, which takes seconds; without the kill the controller
+  went on sampling, training and checkpointing meanwhile (a 1-second CPU step ran two more steps and wrote their
+  checkpoint), so a stopped run did not stop where it was.
 
 The loss lives only inside the actor processes, so patching the driver's module globals would not reach it
 (docs/cluster.md); the subclasses are importable classes that Ray re-imports in every worker, and the
@@ -22,8 +27,12 @@ config rides in ``strategy.args.nsr``. Imports openrlhf, Ray and DeepSpeed: clus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import sys
+import threading
 from pathlib import Path
 
 import ray
@@ -207,8 +216,47 @@ def append_row(path: Path, row: dict) -> dict:
     return row
 
 
+class StopsAtSigterm:
+    """A remote actor class whose every actor this process kills at SIGTERM (:func:`kill_at_sigterm`); everything
+    else (``__ray_actor_class__``, ``options``) is the wrapped class's. OpenRLHF 0.11.2's ``train()`` creates its
+    controller with ``PPOTrainer.remote(...)`` (a contract test reads that call)."""
+
+    def __init__(self, actor_class):
+        self.actor_class = actor_class
+
+    def __getattr__(self, name):
+        return getattr(self.actor_class, name)
+
+    def remote(self, *args, **kwargs):
+        handle = self.actor_class.remote(*args, **kwargs)
+        kill_at_sigterm(handle)
+        return handle
+
+
+def kill_at_sigterm(handle) -> None:
+    """From now on, SIGTERM kills the actor ``handle`` (no restart) and then does what it did before: Ray's driver
+    handler (``sys.exit``, then the teardown), another handler, or the default action. Main thread only (Python's
+    rule for signal handlers); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, previous)
+        with contextlib.suppress(Exception):  # already dead, Ray gone: nothing left to stop
+            ray.kill(handle, no_restart=True)
+            print("nsr.openrlhf: SIGTERM: stopped the controller, then Ray's shutdown", file=sys.stderr, flush=True)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:  # the default action (or a handler set outside Python): end as it would
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def install() -> None:
     """Make OpenRLHF's CLI build our actors: it reads ``ppo_actor.PolicyModelActor`` at exec time (runpy runs it
-    after this) and imports ``ppo_trainer.PPOTrainer`` inside ``train()``."""
+    after this) and imports ``ppo_trainer.PPOTrainer`` inside ``train()``; the controller is killed at SIGTERM
+    (:class:`StopsAtSigterm`)."""
     ppo_actor.PolicyModelActor = ray.remote(num_gpus=1)(NSRPolicyModelActor)
-    ppo_trainer.PPOTrainer = ray.remote(NSRPPOTrainer)
+    ppo_trainer.PPOTrainer = StopsAtSigterm(ray.remote(NSRPPOTrainer))

@@ -15,7 +15,9 @@ What it does, in order (docs/cluster.md):
    (nsr/openrlhf/cli.py), then refuses combinations the layer does not support (nsr/openrlhf/mapping.py), before
    Ray starts;
 3. swaps in the actor subclasses (nsr/openrlhf/actors.py) and wraps ``openrlhf.utils.get_strategy`` so that
-   ``args.nsr`` is set on the strategy that is pickled to every Ray actor;
+   ``args.nsr`` is set on the strategy that is pickled to every Ray actor; the controller is killed at SIGTERM
+   (``actors.StopsAtSigterm``: a stopped run stops where it is, with no more steps or checkpoints while Ray shuts
+   down), for which Ray's driver checks for signals every 0.1 s (:data:`SIGNAL_CHECK_ENV`);
 4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` with runpy: OpenRLHF's parse, checks, ray.init and train().
 
 With ``NSR_OPENRLHF_CPU=1`` (CPU_ENV; set by the backend for a CPU preset only: ``openrlhf.cpu``) it first switches
@@ -38,6 +40,8 @@ CPU_ENV = "NSR_OPENRLHF_CPU"
 (``openrlhf.cpu: true``) sets it."""
 EXIT_REFUSED = 2
 """Exit status of a refused command (as argparse's)."""
+SIGNAL_CHECK_ENV = "RAY_get_check_signal_interval_milliseconds"
+"""How often (ms) Ray's blocking ``get`` runs Python's signal handlers in the driver; ``main`` sets 100 unless set."""
 
 
 class LaunchError(Exception):
@@ -174,6 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     except LaunchError as e:
         print(e, file=sys.stderr)
         raise SystemExit(EXIT_REFUSED) from None
+    # The driver waits in ray.get(controller.fit) and runs Python's signal handlers only when Ray checks for signals
+    # there, every second by default: at 0.1 s a SIGTERM kills the controller (actors.StopsAtSigterm) within a fraction
+    # of a CPU step; an interval set by the user wins
+    os.environ.setdefault(SIGNAL_CHECK_ENV, "100")
     if os.environ.get(CPU_ENV) == "1":
         from nsr.openrlhf import cpu_shim
         from nsr.openrlhf.cli import parse
