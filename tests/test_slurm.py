@@ -52,14 +52,34 @@ def sweep_file(tmp_path, name, body) -> Path:
     return p
 
 
-def wait_for(cond, timeout, what):
+def wait_for(cond, timeout, what, story=None):
+    """``cond()`` once it is true; a timeout names ``what``, and ``story()`` (what the run and its job say) if given."""
     end = time.time() + timeout
     while time.time() < end:
         value = cond()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"\n{story()}" if story else ""))
+
+
+def job_story(folder: Path, job: str, log_dir: Path) -> str:
+    """A run folder's status, its job in squeue and sacct (every attempt), and the ends of the job's logs: what a
+    timed-out wait reports, so that a failure in CI says where the job stood."""
+
+    def out(*cmd: str) -> str:
+        p = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+        return (p.stdout + p.stderr).strip()
+
+    lines = [
+        f"status.json: {RunDir(folder).status()}",
+        f"squeue: {out('squeue', '-h', '-j', job, '-o', '%T %r begin=%S') or '(not in the queue)'}",
+        "sacct:\n" + out("sacct", "-n", "-X", "-D", "-j", job, "-o", "JobID,State,ExitCode,Start,End"),
+    ]
+    for log in sorted((log_dir / job).glob("*_log.*")):
+        text = "\n".join(line for line in log.read_text(errors="replace").splitlines() if "it/s]" not in line)
+        lines.append(f"--- {log.name} (end):\n{text[-1500:]}")
+    return "\n".join(lines)
 
 
 def metrics(folder: Path) -> list[dict]:
@@ -205,8 +225,9 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
         wait_for(lambda n=name: n_rows(out[n]) >= 12 and (out[n] / "checkpoint.pt").exists(), 480, f"{name} step 12")
         job = RunDir(out[name]).status()["slurm_job_id"]
         subprocess.run(cmd(job), check=True)
-        wait_for(lambda n=name: RunDir(out[n]).state() == "cancelled", 60, f"{name} to stop")
-        wait_for(lambda j=job: squeue_state(j) == "PENDING", 60, f"{name} to be queued again")
+        story = lambda n=name, j=job: job_story(out[n], j, tmp_path / "logs")  # noqa: E731
+        wait_for(lambda n=name: RunDir(out[n]).state() == "cancelled", 60, f"{name} to stop", story)
+        wait_for(lambda j=job: squeue_state(j) == "PENDING", 60, f"{name} to be queued again", story)
         # SLURM holds a requeued job ~2 minutes (BeginTime); let it start now
         subprocess.run(["scontrol", "update", f"jobid={job}", "starttime=now"], check=True)
     for s in subs.values():
@@ -219,6 +240,7 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
             lambda n=name, j=job: RunDir(out[n]).state() in ("done", "failed") and squeue_state(j) == "",
             480,
             f"{name} to end",
+            story=lambda n=name, j=job: job_story(out[n], j, tmp_path / "logs"),
         )
 
     ref = metrics(out["reference"])
