@@ -51,6 +51,7 @@ from experiments.rundir import (
     RunExistsError,
     RunFolderError,
     runs_by_hash,
+    thread_counts,
 )
 
 BACKENDS = backends.BACKENDS
@@ -184,7 +185,7 @@ def _note_thread_change(rd: RunDir, n: int | None) -> None:
     """A resumed run at a thread count its earlier attempts did not use: say so (its rows round differently from here
     on; status.json keeps every count in ``thread_counts``)."""
     st = rd.status() or {}
-    before = st.get("thread_counts") or ([st["threads"]] if st.get("threads") else [])
+    before = thread_counts(st)
     if n and before and n not in before and st.get("state") != BAD:
         last = st.get("threads") or before[-1]
         print(
@@ -287,6 +288,7 @@ def run_batch(
         for i in todo:
             if force:
                 rds[i].clear()
+            _note_thread_change(rds[i], n_threads)
             writes[i]()
             rds[i].set_status("running", run_hash=cfgs[i].run_hash(), threads=n_threads)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)

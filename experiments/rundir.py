@@ -270,6 +270,13 @@ def stored_identity(data: dict, source: str | Path = "config.yaml") -> StoredIde
     return StoredIdentity(recomputed, recomputed, recorded is not None and recorded != expected)
 
 
+def thread_counts(st: dict | None) -> list[int]:
+    """The torch thread counts (NSR_THREADS) a run's attempts recorded in status.json: ``thread_counts``, or the one
+    ``threads`` of a folder written before that list existed. Sorted; empty if none was recorded."""
+    st = st or {}
+    return sorted(set(st.get("thread_counts") or ([st["threads"]] if st.get("threads") else [])))
+
+
 class RunDir:
     """One run folder. All methods are safe to call again after a crash."""
 
@@ -319,7 +326,7 @@ class RunDir:
         if st.get("state") == BAD:  # unreadable history is not carried over
             st = {}
         if state == "running":  # a new attempt: the previous attempt's error and SLURM job are history
-            counts = set(st.get("thread_counts") or ([st["threads"]] if st.get("threads") else []))
+            counts = set(thread_counts(st))
             for key in ("error", "traceback", "save_signal", "threads", *(k.lower() for k in SLURM_VARS)):
                 st.pop(key, None)
             if extra.get("threads"):  # every attempt's count: a run resumed at another count is no one-count rerun

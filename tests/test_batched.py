@@ -338,6 +338,19 @@ def test_bad_nsr_threads_fails_every_run_of_the_batch_before_it_starts(tmp_path,
         assert st["state"] == "failed" and "NSR_THREADS='-1'" in st["error"] and not RunDir(f).metrics_path.exists()
 
 
+def test_a_batch_resumed_at_another_thread_count_notes_each_run(tmp_path, monkeypatch, capsys):
+    """As experiments.run's note: every run of the batch whose earlier attempts used another NSR_THREADS is named."""
+    cfgs = [config([f"seed={s}", "train.steps=2", "eval.every=0"]) for s in range(2)]
+    folders = [tmp_path / f"r{s}" for s in range(2)]
+    RunDir(folders[0]).set_status("running", threads=2)  # an earlier attempt of run 0 at 2 threads, cancelled
+    RunDir(folders[0]).set_status("cancelled")
+    monkeypatch.setenv("NSR_THREADS", "1")
+    statuses = run_batch(cfgs, folders, progress=False)
+    assert [s["state"] for s in statuses] == ["done", "done"] and statuses[0]["thread_counts"] == [1, 2]
+    err = capsys.readouterr().err
+    assert f"note: {folders[0]}: NSR_THREADS=1, its earlier attempts used 2" in err and str(folders[1]) not in err
+
+
 def test_a_batch_checkpoint_is_a_single_run_checkpoint(env, tmp_path):
     """A run checkpointed by the batch resumes in the single-run trainer, and the other way round (float64: to the
     rows of a run that never changed trainer)."""
