@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -141,6 +142,17 @@ def test_sigterm_kills_the_controller_then_runs_the_handler_before_it(orl, ray_s
         assert ray.get(other.step.remote()) == 1
         os.kill(os.getpid(), signal.SIGTERM)  # the recorder is back in place, the kill done once
         assert seen == [signal.SIGTERM] * 2
+        # with no handler before (the default action): the kill, then the process ends as SIGTERM would end it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        controller = orl.actors.StopsAtSigterm(ray.remote(num_cpus=0)(_Steps)).remote()
+        assert ray.get(controller.step.remote()) == 1
+        with pytest.raises(SystemExit) as ended:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at once; this is never reached in full
+        assert ended.value.code == 128 + signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        with pytest.raises(RayActorError):
+            ray.get(controller.step.remote(), timeout=60)
     finally:
         signal.signal(signal.SIGTERM, before)
 

@@ -239,10 +239,10 @@ def kill_at_sigterm(handle) -> None:
     rule for signal handlers); elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         return
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.getsignal(signal.SIGTERM)  # None: a handler set outside Python, put back as the default
 
     def on_sigterm(signum, frame):
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
         with contextlib.suppress(Exception):  # already dead, Ray gone: nothing left to stop
             ray.kill(handle, no_restart=True)
             print("nsr.openrlhf: SIGTERM: stopped the controller, then Ray's shutdown", file=sys.stderr, flush=True)
