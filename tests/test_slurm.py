@@ -220,14 +220,17 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
         "requeue": lambda job: ["scontrol", "requeue", job],
         "preempt": lambda job: ["scancel", "--signal=USR2", job],
     }
+
+    def told(name, job):  # what a timed-out wait on this run reports
+        return lambda: job_story(out[name], job, tmp_path / "logs")
+
     for name, cmd in interrupt.items():
         # past step 10, so the run resumes from its checkpoint, not from scratch
         wait_for(lambda n=name: n_rows(out[n]) >= 12 and (out[n] / "checkpoint.pt").exists(), 480, f"{name} step 12")
         job = RunDir(out[name]).status()["slurm_job_id"]
         subprocess.run(cmd(job), check=True)
-        story = lambda n=name, j=job: job_story(out[n], j, tmp_path / "logs")  # noqa: E731
-        wait_for(lambda n=name: RunDir(out[n]).state() == "cancelled", 60, f"{name} to stop", story)
-        wait_for(lambda j=job: squeue_state(j) == "PENDING", 60, f"{name} to be queued again", story)
+        wait_for(lambda n=name: RunDir(out[n]).state() == "cancelled", 60, f"{name} to stop", told(name, job))
+        wait_for(lambda j=job: squeue_state(j) == "PENDING", 60, f"{name} to be queued again", told(name, job))
         # SLURM holds a requeued job ~2 minutes (BeginTime); let it start now
         subprocess.run(["scontrol", "update", f"jobid={job}", "starttime=now"], check=True)
     for s in subs.values():
@@ -240,7 +243,7 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
             lambda n=name, j=job: RunDir(out[n]).state() in ("done", "failed") and squeue_state(j) == "",
             480,
             f"{name} to end",
-            story=lambda n=name, j=job: job_story(out[n], j, tmp_path / "logs"),
+            story=told(name, job),
         )
 
     ref = metrics(out["reference"])
