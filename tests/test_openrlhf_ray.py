@@ -144,12 +144,14 @@ def test_sigterm_kills_the_controller_then_runs_the_handler_before_it(orl, ray_s
     seen = []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
     try:
-        controller = orl.actors.StopsAtSigterm(ray.remote(num_cpus=0)(_Steps)).remote()
+        stops = orl.actors.StopsAtSigterm(ray.remote(num_cpus=0)(_Steps))
+        controller = stops.remote()
+        named = stops.options(name="nsr-test-controller").remote()  # through .options(...) as well
         other = ray.remote(num_cpus=0)(_Steps).remote()  # made without the wrapper: left alone
-        assert ray.get(controller.step.remote()) == 1
+        assert ray.get(controller.step.remote()) == 1 and ray.get(named.step.remote()) == 1
         os.kill(os.getpid(), signal.SIGTERM)
         assert seen == [signal.SIGTERM]
-        assert _dies(controller)
+        assert _dies(controller) and _dies(named)
         assert ray.get(other.step.remote()) == 1
         os.kill(os.getpid(), signal.SIGTERM)  # the recorder is back in place, the kill done once
         assert seen == [signal.SIGTERM] * 2

@@ -217,15 +217,19 @@ def append_row(path: Path, row: dict) -> dict:
 
 
 class StopsAtSigterm:
-    """A remote actor class whose every actor this process kills at SIGTERM (:func:`kill_at_sigterm`); everything
-    else (``__ray_actor_class__``, ``options``) is the wrapped class's. OpenRLHF 0.11.2's ``train()`` creates its
-    controller with ``PPOTrainer.remote(...)`` (a contract test reads that call)."""
+    """A remote actor class whose every actor this process kills at SIGTERM (:func:`kill_at_sigterm`), made with
+    ``.remote(...)`` or ``.options(...).remote(...)``; everything else (``__ray_actor_class__``) is the wrapped
+    class's. OpenRLHF 0.11.2's ``train()`` creates its controller with ``PPOTrainer.remote(...)`` (a contract test
+    reads that call)."""
 
     def __init__(self, actor_class):
         self.actor_class = actor_class
 
     def __getattr__(self, name):
         return getattr(self.actor_class, name)
+
+    def options(self, **options):
+        return StopsAtSigterm(self.actor_class.options(**options))
 
     def remote(self, *args, **kwargs):
         handle = self.actor_class.remote(*args, **kwargs)
