@@ -1,4 +1,5 @@
-"""What SLURM says about jobs: live ones from ``squeue``, final states from ``sacct`` (needs accounting).
+"""What SLURM says about jobs: live ones from ``squeue``, final states from ``sacct`` (needs accounting), held jobs,
+and nodes that start no job (``sinfo``).
 
 Job ids are strings: ``"123"`` for a single job, ``"123_4"`` for task 4 of array 123 (as submitit and
 ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID`` give them). Pending array tasks are listed collapsed
@@ -74,3 +75,35 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
     if not bases:
         return {}
     return _parse(_run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(bases)]))
+
+
+def held_jobs() -> dict[str, str]:
+    """{job id: reason} of this user's jobs that SLURM holds: they never start until released (``scontrol release
+    JOB``). A user's or admin's hold (``JobHeldUser``, ``JobHeldAdmin``), or a job requeued after its launch failed
+    (``launch failed requeued held``: the node could not start it, e.g. its disk was full)."""
+    text = _run(["squeue", "-r", "-h", "-u", getpass.getuser(), "-t", "PD,RH", "-o", "%i|%T|%r"])
+    out = {}
+    for line in text.splitlines():
+        jid, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        if state.strip() == "REQUEUE_HOLD" or "held" in reason.lower():
+            for j in expand_ids(jid.strip()):
+                out[j] = reason.strip() or state.strip()
+    return out
+
+
+NODE_PROBLEMS = ("down", "drain", "drained", "draining", "fail", "failing", "inval")
+"""sinfo node states (flags such as ``*`` stripped) in which a node starts no new job."""
+
+
+def node_problems() -> list[str]:
+    """``"NODE STATE: reason"`` for each node that starts no new job (down, drained, failing ...), e.g.
+    ``"vm drained: SlurmdSpoolDir is full"``; [] when every node takes jobs."""
+    text = _run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
+    out = []
+    for line in text.splitlines():
+        node, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        state = state.strip().rstrip("*~#!%$@^-+").lower()
+        entry = f"{node.strip()} {state}: {reason.strip() or 'no reason given'}"
+        if state in NODE_PROBLEMS and entry not in out:  # sinfo -N repeats a node once per partition
+            out.append(entry)
+    return out

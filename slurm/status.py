@@ -10,8 +10,11 @@ cannot know: a folder with no status.json whose job was submitted reads ``queued
 ``submitted`` where neither sacct nor squeue can be read; a ``running`` folder whose job ended reads
 ``stopped (job TIMEOUT)`` etc. (the run was killed before it could record it; resubmitting resumes it), unless a
 process holds the folder's lock (a run restarted by hand with ``experiments.run`` after its job ended is running).
-``bad``: status.json or config.yaml cannot be read (the error column says why). ``-``: not started. The job id comes
-from the folder's slurm.json (written by slurm.submit) or status.json; the sacct column is ``n/a`` where SLURM
+``held (REASON)``: SLURM holds the run's job (squeue's reason: ``JobHeldUser``, or ``launch failed requeued held``
+when a node could not start it); it starts only after ``scontrol release JOB``, and where a node failed, after the
+node is back (the table's last lines name each node that starts no job, and why: ``vm drained: SlurmdSpoolDir is
+full``). ``bad``: status.json or config.yaml cannot be read (the error column says why). ``-``: not started. The job
+id comes from the folder's slurm.json (written by slurm.submit) or status.json; the sacct column is ``n/a`` where SLURM
 accounting cannot be read. A config that runs in another sweep's folder (a config runs once) shows that folder's
 state, and the ``in`` column names the folder.
 
@@ -99,10 +102,24 @@ def rows(sweep: str | Path, preset: str | None = None, out_root: str | Path | No
             live = queue.live_jobs()
         except queue.QueueError:
             live = None
+    held = _held(out)
     for r in out:
         r["sacct"] = "n/a" if states is None else states.get(r["job"], "-") if r["job"] else "-"
-        r["state"] = _reconcile(r["state"], r["job"], states, live, r.pop("locked"))
+        locked = r.pop("locked")
+        r["state"] = _reconcile(r["state"], r["job"], states, live, locked)
+        if r["job"] in held and r["state"] in ("submitted", "queued", "running") and not locked:
+            r["state"] = f"held ({held[r['job']]})"
     return out
+
+
+def _held(table: list[dict]) -> dict[str, str]:
+    """{job id: reason} of the held jobs among the table's (squeue), asked only when a run waits on its job."""
+    if not any(r["job"] and r["state"] in ("submitted", "running") for r in table):
+        return {}
+    try:
+        return queue.held_jobs()
+    except queue.QueueError:
+        return {}
 
 
 def _reconcile(state: str, job: str | None, sacct: dict | None, live: dict | None, locked: bool = False) -> str:
@@ -158,6 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     line = progress(table)
     if line:
         print(line)
+    try:
+        problems = queue.node_problems() if queue.available() else []
+    except queue.QueueError:
+        problems = []
+    for p in problems:
+        name = p.split()[0]
+        print(f"SLURM node {p} (no job starts there; once fixed: scontrol update nodename={name} state=resume)")
     return 0
 
 
@@ -173,7 +197,9 @@ def progress(table: list[dict], now: float | None = None) -> str:
     fewer than 3 such runs, rounds of the median run time at the number running now."""
     done = sum(r["state"] == "done" for r in table)
     running = sum(r["state"] == "running" for r in table)
-    stuck = sum(r["state"] in ("failed", "bad") or r["state"].startswith(("not started", "stopped")) for r in table)
+    stuck = sum(
+        r["state"] in ("failed", "bad") or r["state"].startswith(("not started", "stopped", "held")) for r in table
+    )
     if not running:
         return ""
     walls = [r["wall_s"] for r in table if r["wall_s"] is not None]

@@ -23,6 +23,7 @@ from experiments.rundir import RunDir, read_jsonl
 from experiments.sweep import expand
 from experiments.trl.train import checkpoint_rl_step, latest_checkpoint
 from slurm import queue, stop
+from slurm.status import main as status_main
 from slurm.status import progress, rows
 from slurm.submit import main, plan, submit
 
@@ -64,8 +65,9 @@ def wait_for(cond, timeout, what, story=None):
 
 
 def job_story(folder: Path, job: str, log_dir: Path) -> str:
-    """A run folder's status, its job in squeue and sacct (every attempt), and the ends of the job's logs: what a
-    timed-out wait reports, so that a failure in CI says where the job stood."""
+    """A run folder's status, its job in squeue and sacct (every attempt), the nodes that start no job (a full disk
+    drains the node and holds the job it failed to launch), and the ends of the job's logs: what a timed-out wait
+    reports, so that a failure in CI says where the job stood."""
 
     def out(*cmd: str) -> str:
         p = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
@@ -75,6 +77,7 @@ def job_story(folder: Path, job: str, log_dir: Path) -> str:
         f"status.json: {RunDir(folder).status()}",
         f"squeue: {out('squeue', '-h', '-j', job, '-o', '%T %r begin=%S') or '(not in the queue)'}",
         "sacct:\n" + out("sacct", "-n", "-X", "-D", "-j", job, "-o", "JobID,State,ExitCode,Start,End"),
+        f"nodes that start no job: {out('sinfo', '-h', '-N', '-t', 'drain,down,fail', '-o', '%N %T: %E') or 'none'}",
     ]
     for log in sorted((log_dir / job).glob("*_log.*")):
         text = "\n".join(line for line in log.read_text(errors="replace").splitlines() if "it/s]" not in line)
@@ -351,8 +354,8 @@ def test_ray_head_and_worker_join_inside_an_allocation():
     assert left.stdout.strip() == ""  # no Ray process of this cluster (port 6391) survives the job
 
 
-def _sbatch_held() -> str:
-    """A real job that never starts: submitted held, then cancelled."""
+def _sbatch_held(cancel: bool = True) -> str:
+    """A real job that never starts: submitted held, then cancelled (unless ``cancel`` is False: it stays held)."""
     p = subprocess.run(
         ["sbatch", "--hold", "--parsable", "--time=1", "--mem=100M", "--wrap", "true"],
         capture_output=True,
@@ -360,8 +363,58 @@ def _sbatch_held() -> str:
         check=True,
     )
     job = p.stdout.strip().split(";")[0]
-    subprocess.run(["scancel", job], check=True)
+    if cancel:
+        subprocess.run(["scancel", job], check=True)
     return job
+
+
+@pytest.mark.timeout(180)
+def test_status_names_held_jobs_and_the_nodes_that_start_none(tmp_path, capsys):
+    """A held job never starts by itself: a queued and a running folder whose job SLURM holds read `held (reason)`
+    (one whose process holds its lock stays running); released, the hold is gone. A drained node (a full disk drains
+    one: `SlurmdSpoolDir is full`, with every job it failed to launch held) is named with its reason and the command
+    that resumes it."""
+    sw = sweep_file(
+        tmp_path, "held", "base: {train.steps: 2}\narms: {hard: {loss.rule: hard}, nsr: {loss.rule: nsr}}\n"
+    )
+    queued, requeued = expand(sw)
+    root = tmp_path / "runs"
+    node = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, check=True).stdout.split()[
+        0
+    ]
+    jobs = []
+    try:
+        for spec in (queued, requeued):
+            folder = root / spec.sweep / spec.run_id
+            RunDir(folder).write_config(spec.config, run_id=spec.run_id)
+            jobs.append(_sbatch_held(cancel=False))
+            (folder / "slurm.json").write_text(json.dumps({"job_id": jobs[-1], "cluster": "slurm"}))
+        RunDir(root / requeued.sweep / requeued.run_id).set_status(
+            "running"
+        )  # as after a requeue that failed to launch
+        assert {j: r for j, r in queue.held_jobs().items() if j in jobs} == dict.fromkeys(jobs, "JobHeldUser")
+        assert [r["state"] for r in rows(sw, out_root=root)] == ["held (JobHeldUser)"] * 2
+        with RunDir(root / requeued.sweep / requeued.run_id).lock():
+            assert [r["state"] for r in rows(sw, out_root=root)] == ["held (JobHeldUser)", "running"]
+        subprocess.run(["scontrol", "release", jobs[0]], check=True)
+        wait_for(lambda: jobs[0] not in queue.held_jobs(), 30, "the release to lift the hold")
+        assert not rows(sw, out_root=root)[0]["state"].startswith("held")
+
+        assert queue.node_problems() == []
+        reason = "nsr test: disk full"
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"], check=True)
+        assert wait_for(queue.node_problems, 30, "sinfo to show the drain") == [f"{node} drained: {reason}"]
+        capsys.readouterr()
+        assert status_main([str(sw), "--out-root", str(root)]) == 0
+        out = capsys.readouterr().out
+        resume = f"scontrol update nodename={node} state=resume"
+        assert f"SLURM node {node} drained: {reason} (no job starts there; once fixed: {resume})" in out
+        assert "held (JobHeldUser)" in out
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        for job in jobs:
+            subprocess.run(["scancel", job], check=False)
+    assert wait_for(lambda: _cluster_up() and not queue.node_problems(), 30, "the node to take jobs again")
 
 
 @pytest.mark.timeout(180)
@@ -421,6 +474,8 @@ def test_status_progress_line_and_eta():
     table = [row("done", 100.0), row("done", 140.0), row("done", 120.0), row("running"), row("running"), row("-")]
     # 3 runs left at 2 running: 2 rounds of the median 120 s
     assert progress(table) == "progress: 3/6 done, 2 running, ETA ~4 min (median run 120 s)"
+    # a held run waits on someone: like a failed one, it is not among the runs left in the ETA
+    assert progress([*table, row("held (JobHeldUser)")]).startswith("progress: 3/7 done, 2 running, ETA ~4 min")
     assert progress([row("running"), row("-")]) == "progress: 0/2 done, 1 running"  # no finished run: no ETA
     # with recent finish times the pace of the last finishes counts, not the number running at this moment
     paced = [{"state": "done", "wall_s": 120.0, "finished": 1000.0 + 60 * i} for i in range(4)]
