@@ -357,7 +357,7 @@ def test_ray_head_and_worker_join_inside_an_allocation():
 def _sbatch_held(cancel: bool = True) -> str:
     """A real job that never starts: submitted held, then cancelled (unless ``cancel`` is False: it stays held)."""
     p = subprocess.run(
-        ["sbatch", "--hold", "--parsable", "--time=1", "--mem=100M", "--wrap", "true"],
+        ["sbatch", "--hold", "--parsable", "--time=1", "--mem=100M", "--output=/dev/null", "--wrap", "true"],
         capture_output=True,
         text=True,
         check=True,
