@@ -77,14 +77,19 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
     return _parse(_run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(bases)]))
 
 
+def _fields(text: str) -> list[tuple[str, str, str]]:
+    """``a|b|c`` lines -> (a, b, c), the last field kept whole (a reason may hold anything), missing ones ""."""
+    return [tuple((line.split("|", 2) + ["", ""])[:3]) for line in text.splitlines() if line.strip()]
+
+
 def held_jobs() -> dict[str, str]:
     """{job id: reason} of this user's jobs that SLURM holds: they never start until released (``scontrol release
     JOB``). A user's or admin's hold (``JobHeldUser``, ``JobHeldAdmin``), or a job requeued after its launch failed
     (``launch failed requeued held``: the node could not start it, e.g. its disk was full)."""
-    text = _run(["squeue", "-r", "-h", "-u", getpass.getuser(), "-t", "PD,RH", "-o", "%i|%T|%r"])
     out = {}
-    for line in text.splitlines():
-        jid, state, reason = (line.split("|", 2) + ["", ""])[:3]
+    for jid, state, reason in _fields(
+        _run(["squeue", "-r", "-h", "-u", getpass.getuser(), "-t", "PD,RH", "-o", "%i|%T|%r"])
+    ):
         if state.strip() == "REQUEUE_HOLD" or "held" in reason.lower():
             for j in expand_ids(jid.strip()):
                 out[j] = reason.strip() or state.strip()
@@ -98,10 +103,8 @@ NODE_PROBLEMS = ("down", "drain", "drained", "draining", "fail", "failing", "inv
 def node_problems() -> list[str]:
     """``"NODE STATE: reason"`` for each node that starts no new job (down, drained, failing ...), e.g.
     ``"vm drained: SlurmdSpoolDir is full"``; [] when every node takes jobs."""
-    text = _run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
     out = []
-    for line in text.splitlines():
-        node, state, reason = (line.split("|", 2) + ["", ""])[:3]
+    for node, state, reason in _fields(_run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"])):
         state = state.strip().rstrip("*~#!%$@^-+").lower()
         entry = f"{node.strip()} {state}: {reason.strip() or 'no reason given'}"
         if state in NODE_PROBLEMS and entry not in out:  # sinfo -N repeats a node once per partition

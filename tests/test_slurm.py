@@ -73,11 +73,17 @@ def job_story(folder: Path, job: str, log_dir: Path) -> str:
         p = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
         return (p.stdout + p.stderr).strip()
 
+    def nodes() -> str:
+        try:
+            return "; ".join(queue.node_problems()) or "none"
+        except queue.QueueError as e:
+            return str(e)
+
     lines = [
         f"status.json: {RunDir(folder).status()}",
         f"squeue: {out('squeue', '-h', '-j', job, '-o', '%T %r begin=%S') or '(not in the queue)'}",
         "sacct:\n" + out("sacct", "-n", "-X", "-D", "-j", job, "-o", "JobID,State,ExitCode,Start,End"),
-        f"nodes that start no job: {out('sinfo', '-h', '-N', '-t', 'drain,down,fail', '-o', '%N %T: %E') or 'none'}",
+        f"nodes that start no job: {nodes()}",
     ]
     for log in sorted((log_dir / job).glob("*_log.*")):
         text = "\n".join(line for line in log.read_text(errors="replace").splitlines() if "it/s]" not in line)
