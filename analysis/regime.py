@@ -311,7 +311,7 @@ def gate_readout(regime: dict, hard_ruled_out: dict[str, bool], gates_dir: Path)
     hard runs enters with p = 1) is decided when every gate is complete or its candidate ruled out; before that a
     complete gate with p < alpha / m passes whatever the others show (Holm's first step), one with p >= alpha fails.
     """
-    from analysis.mechanism_stats import gate, gate_family, load_states
+    from analysis.mechanism import gate, gate_family, load_states
 
     g = regime["gate"]
     expected = int(re.search(r"--states (\d+)", g["command"]).group(1))
@@ -537,7 +537,7 @@ def a3_readout(
     means, from the run folders (``root``, or a loaded RunSet ``rs``) and the gate files (``gates_dir``, default
     results/mechanism/a3). A seed counts once its folder is done and its file holds every pre-registered state;
     the decision is made only when all of them count (``complete``). nsr - hard is computed beside it."""
-    from analysis.mechanism_stats import gate, load_states, mde_one_sided, n_one_sided, power_one_sided
+    from analysis.mechanism import gate, load_states, mde_one_sided, n_one_sided, power_one_sided
     from experiments.rundir import REPO_ROOT, RunDir
     from experiments.sweep import expand
 

@@ -92,7 +92,7 @@ def preflight(cfg: RunConfig) -> None:
 
 # ---------------------------------------------------------------- tiny: the CPU testbed
 def _tiny_run(cfg: RunConfig, rd: RunDir, progress: bool, before_step=None) -> None:
-    """``before_step``: experiments.mechanism_probe's hook (experiments.tiny.train.train), called before each step."""
+    """``before_step``: experiments.mechanism.toy's hook (experiments.tiny.train.train), called before each step."""
     from experiments.tiny.train import train
 
     train(cfg, rd, progress=progress, before_step=before_step)

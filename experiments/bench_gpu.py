@@ -1,5 +1,5 @@
-"""Old path of experiments/bench/gpu.py, kept so recorded commands still run: ``python -m experiments.bench_gpu ...`` is
-``python -m experiments.bench.gpu ...``."""
+"""Old path of experiments/bench/gpu.py, kept because a record names it: results/bench_gpu/2026-12-04-nvidia-h200.json
+was made by ``python -m experiments.bench_gpu``, which is ``python -m experiments.bench.gpu``."""
 
 import sys
 

@@ -82,8 +82,8 @@ def run(
 
     ``before_step``: tiny backend, ``before_step(step, model, optimizer)`` called before each RL step with the run's
     state (experiments.mechanism walks a baseline run this way); trl backend, ``before_step(step, trainer)`` called
-    once per RL step after its rollout is generated and before its updates (experiments.trl.probe). Either must leave
-    the run's state unchanged.
+    once per RL step after its rollout is generated and before its updates (experiments.mechanism.trl). Either must
+    leave the run's state unchanged.
 
     ``meta`` (e.g. ``{"sweep": "delta", "arm": "nsr", "point": {"loss.delta": 0.2}, "seed": 0}``) is stored in
     config.yaml's ``meta`` section, where the analysis finds each run's arm.

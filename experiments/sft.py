@@ -8,8 +8,6 @@ atomically (temp file + os.replace) under a file lock, so two jobs that need it 
     python -m experiments.sft sweeps/presets/tiny.yaml      # build (or show) the warm start of a preset
     python -m experiments.sft sweeps/presets/tiny-regime.yaml task.name=countdown4 rollout.max_new_tokens=10 \
         sft.steps=1600 --eval                                     # ... and its held-out accuracy (eval section)
-
-(``python -m experiments.tiny.sft``, its old path, still runs it.)
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ The table may lose arrows, never gain one. Inside experiments/ three kinds of mo
     a backend     experiments/<name>/ for each name registered in experiments/backends.py: imports shared modules
                   (and its own folder), never another backend and never a module above the backends
     above         the modules that drive the backends (:data:`ABOVE`: the registry, the CLI, the benchmarks and the
-                  mechanism probe): import anything in experiments/
+                  paired per-update test, experiments/mechanism/): import anything in experiments/
     shared        every other module (schema, run folders, sweeps, tasks/, models/, sft, evaluation/, rewards/):
                   imports shared modules only
 
@@ -100,20 +100,16 @@ ABOVE = frozenset(
         "experiments",
         "experiments.backends",
         "experiments.run",
-        "experiments.mechanism_probe",
-        "experiments.mechanism",  # old path of experiments.mechanism_probe (a package: __main__ runs it)
-        "experiments.mechanism.__main__",
-        "experiments.mechanism_trl",  # the trl backend's per-update gate (drives experiments.run)
-        "experiments.bench",
-        "experiments.bench.batch",
-        "experiments.bench.gpu",
-        "experiments.bench.loss",
-        "experiments.bench_batch",  # old paths of experiments.bench.*, kept for recorded commands
-        "experiments.bench_gpu",
-        "experiments.bench_loss",
+        "experiments.mechanism",  # the package: every module in it (the paired per-update test drives the backends)
+        "experiments.bench",  # the package: every module in it (benchmarks drive the backends)
+        "experiments.mechanism_trl",  # old path of experiments.mechanism.trl (a record names its command)
+        "experiments.bench_gpu",  # old path of experiments.bench.gpu (a record names its command)
     }
 )
-"""Modules of experiments/ above the backends (they drive them); every other non-backend module is shared."""
+"""Modules of experiments/ above the backends (they drive them), a package standing for every module in it; every
+other non-backend module is shared."""
+ABOVE_PACKAGES = frozenset({"experiments.mechanism", "experiments.bench"})
+"""The packages of :data:`ABOVE` (the package ``experiments`` itself is only its ``__init__``)."""
 
 
 def kind(module: str, backends=BACKENDS, above=ABOVE) -> str | None:
@@ -121,7 +117,7 @@ def kind(module: str, backends=BACKENDS, above=ABOVE) -> str | None:
     parts = module.split(".")
     if parts[0] != "experiments":
         return None
-    if module in above:
+    if module in above or any(module.startswith(f"{p}.") for p in ABOVE_PACKAGES & above):
         return "above"
     if len(parts) > 1 and parts[1] in backends:
         return f"backend:{parts[1]}"

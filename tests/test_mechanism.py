@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from analysis import mechanism_stats as A
-from experiments import mechanism_probe as M
+from analysis import mechanism as A
 from experiments.config import load_config
+from experiments.mechanism import toy as M
 from experiments.models.tiny import build_model, generate
 from experiments.sft import warm_start
 from experiments.tasks.countdown import get_task

@@ -13,8 +13,8 @@ import sys
 import pytest
 import yaml
 
-from analysis import mechanism_stats as A
-from experiments import mechanism_probe as M
+from analysis import mechanism as A
+from experiments.mechanism import toy as M
 from experiments.rundir import REPO_ROOT, RunDir, read_rows
 
 pytestmark = pytest.mark.slow  # make test-fast skips it (runs, subprocesses)

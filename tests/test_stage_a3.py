@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from analysis import mechanism_stats as A
+from analysis import mechanism as A
 from analysis import regime as R
 from experiments.config import load_config
 from experiments.sweep import expand, preset_file

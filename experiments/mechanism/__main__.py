@@ -1,7 +1,7 @@
-"""``python -m experiments.mechanism``: runs ``python -m experiments.mechanism_probe``."""
+"""``python -m experiments.mechanism``: the walk on the toy (experiments.mechanism.toy)."""
 
 import sys
 
-from experiments.mechanism_probe import main
+from experiments.mechanism.toy import main
 
 sys.exit(main())

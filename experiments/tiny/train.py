@@ -234,7 +234,7 @@ def train(
 
     ``dtype``: tests only (None = float32, what every run uses): float64 for the engine-equivalence test of the
     batched trainer (tests/test_batched.py). ``before_step(step, model, optimizer)``: called before each RL step
-    with the run's state after step - 1 (experiments.mechanism_probe tests rules there); it must leave both
+    with the run's state after step - 1 (experiments.mechanism.toy tests rules there); it must leave both
     unchanged."""
     set_threads()
     progress = progress and cfg.logging.progress

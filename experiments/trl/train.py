@@ -371,7 +371,7 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
     """Run ``cfg`` on the trl backend into ``rd``, resuming from its latest TRL checkpoint if there is one.
 
     ``stop_after``: end after this RL step as if killed (tests of the resume path), leaving the folder unfinished.
-    ``before_step(step, trainer)``: called after each RL step's rollout, before its updates (experiments.trl.probe);
+    ``before_step(step, trainer)``: called after each RL step's rollout, before its updates (experiments.mechanism.trl);
     it must leave the trainer's state unchanged.
     """
     from experiments.threads import set_threads

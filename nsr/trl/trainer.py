@@ -110,10 +110,10 @@ class NSRGRPOTrainer(GRPOTrainer):
         """The premise meter's (2, 3, N_BINS + 1) counts of the last logging window, summed over processes (host)."""
         self.after_rollout = None
         """Called as ``after_rollout(trainer)`` once per RL step, after its rollout is generated, scored and split into
-        the buffered minibatches and before its first update (experiments.trl.probe tests rules there); it must leave
-        the trainer as it found it."""
+        the buffered minibatches and before its first update (experiments.mechanism.trl tests rules there); it must
+        leave the trainer as it found it."""
         self.replaying = False
-        """While True, a training micro-step reads the buffered rollout and never generates (experiments.trl.probe
+        """While True, a training micro-step reads the buffered rollout and never generates (experiments.mechanism.trl
         replays the RL step's updates on it)."""
 
     # ------------------------------------------------------------------ the rollout hook

@@ -1,4 +1,4 @@
-"""The paired mechanism test's statistics (docs/evidence.md): a file of ``python -m experiments.mechanism --out`` ->
+"""The paired per-update test's statistics (docs/mechanism.md): a file of ``python -m experiments.mechanism --out`` ->
 per-rule intervals, and the stage-A2 gate.
 
     python -m analysis.mechanism results/mechanism/tiny-s0-2-steps4-200.jsonl            # the per-rule table
@@ -96,7 +96,7 @@ def summarize(states: list[dict], labels: list[str], level: float = 0.95) -> lis
 
 
 LOGPROB = "the probe set's summed log-prob, nats"
-"""The held-out score of experiments.mechanism_trl's files (stage R1): ``before`` / ``after`` are log-probs."""
+"""The held-out score of experiments.mechanism.trl's files (stage R1): ``before`` / ``after`` are log-probs."""
 
 
 def table(rows: list[dict], scale: float = 1e4, score: str = "held-out pass@1") -> str:
@@ -126,7 +126,7 @@ def table(rows: list[dict], scale: float = 1e4, score: str = "held-out pass@1") 
 # ------------------------------------------------------------------------------------------------ the gate
 SPLITS = {"train": ("train_after", "train_before"), "held-out": ("after", "before")}
 """The gate's score: --split train (the toy's stages A2 / A3: exact pass@1 on the training split) or held-out (the
-toy's held-out pass@1; stage R1's teacher-forced log-prob of the probe set, experiments.trl.probe)."""
+toy's held-out pass@1; stage R1's teacher-forced log-prob of the probe set, experiments.mechanism.probe_set)."""
 
 
 def gate(states: list[dict], rule: str = "soft", level: float = 0.95, split: str = "train") -> dict:
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(gate(states, a.gate, split=a.split), indent=1))
         return 0
     print(f"Paired mechanism test: {len(states)} states of {runs} hard baseline run(s) ({', '.join(a.file)})\n")
-    logprob = any("probe_set" in h for f in a.file for h in load_headers(f))  # experiments.mechanism_trl's files
+    logprob = any("probe_set" in h for f in a.file for h in load_headers(f))  # experiments.mechanism.trl's files
     print(table(summarize(states, labels), *((1e3, LOGPROB) if logprob else ())))
     return 0
 

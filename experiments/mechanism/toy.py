@@ -1,11 +1,13 @@
-"""The paired mechanism test (docs/evidence.md): does what a rule rescues improve the policy, update by update?
+"""The paired per-update test on the toy (the tiny backend; docs/mechanism.md): does what a rule rescues improve the
+policy, update by update? ``python -m experiments.mechanism`` runs this module.
 
 From states of a hard-clip baseline run (policy + optimizer), apply one RL step of every rule: the same rollout,
 the same minibatches, the same noise stream (``experiments.tiny.train.rl_step`` with the run's seed and step, so
 each rule sees exactly the draws the baseline saw), and score each updated policy by its exact expected pass@1 on
 Countdown-3's held-out split. The correct answers of a Countdown-3 problem can be enumerated (``task.solutions``:
 every ``d op d op d`` over the prompt's digits that hits the target), so the probability that one sampled
-completion is correct is the sum, over them, of the teacher-forced probability of ``answer + EOS``; no sampling.
+completion is correct is the sum, over them, of the teacher-forced probability of ``answer + EOS``; no sampling
+(experiments.mechanism.exact).
 
 The difference rule - hard at the same state is a paired replicate; its mean over states says whether the signal
 the rule adds to hard clipping improves the policy on average. This module measures and writes one JSON line per
@@ -53,104 +55,26 @@ from pathlib import Path
 
 import torch
 
-import nsr
 from experiments.config import ConfigError, RunConfig, load_config
+from experiments.mechanism.exact import answer_set, expected_pass1
+from experiments.mechanism.plan import (
+    RuleSpec,
+    baseline_specs,
+    header,
+    parse_rules,
+    parse_seeds,
+    read_lines,
+    state_steps,
+)
 from experiments.models.tiny import build_model
 from experiments.rundir import append_jsonl
 from experiments.sft import warm_start
-from experiments.tasks.countdown import EOS, TASKS, Task, encode, get_task
+from experiments.tasks.countdown import TASKS, Task, get_task
 from experiments.threads import set_threads
 from experiments.tiny.train import rl_step
 from nsr.seeds import generator
 
 DEFAULT_PRESET = "sweeps/presets/tiny.yaml"
-
-
-# ------------------------------------------------------------------------------------------------ exact pass@1
-@dataclass(frozen=True)
-class AnswerSet:
-    """Every correct completion of a set of problems, as teacher-forcing inputs."""
-
-    prompts: torch.Tensor
-    """(M, prompt_len) prompt of each correct answer."""
-    answers: torch.Tensor
-    """(M, answer_len) answer tokens + EOS."""
-    problem: torch.Tensor
-    """(M,) index of the answer's problem in 0..n_problems-1."""
-    n_problems: int
-
-
-def answer_set(task: Task, ids: torch.Tensor) -> AnswerSet:
-    """The enumerated correct answers of problems ``ids`` (ValueError if one has none: it would score 0)."""
-    prompts, answers, problem = [], [], []
-    for j, pid in enumerate(ids.tolist()):
-        sols = task.solutions(pid)
-        if not sols:
-            raise ValueError(f"problem {pid} of {task.name} has no correct answer")
-        for s in sols:
-            answers.append(encode(s) + [EOS])
-            problem.append(j)
-        prompts.extend([pid] * len(sols))
-    return AnswerSet(task.prompts(torch.tensor(prompts)), torch.tensor(answers), torch.tensor(problem), len(ids))
-
-
-@torch.no_grad()
-def expected_pass1(
-    model: torch.nn.Module, aset: AnswerSet, temperature: float = 1.0, dtype: torch.dtype = torch.float64
-) -> float:
-    """Mean over the problems of P(one sample at ``temperature`` is correct), computed in ``dtype`` (float64 by
-    default; float32 is 3x faster and exact to about 1e-6 of the probability, far below a one-update change).
-
-    P(correct | x) = sum over the correct answers y of prod_t pi(y_t | x, y_<t); sampling stops at EOS, so
-    ``y + EOS`` is the whole completion (a sampled completion is scored up to its first EOS).
-    """
-    m = copy.deepcopy(model).to(dtype).eval()
-    p = aset.prompts.shape[1]
-    seq = torch.cat([aset.prompts, aset.answers[:, :-1]], 1)
-    logits = m(input_ids=seq, use_cache=False).logits[:, p - 1 :] / temperature
-    logp = torch.log_softmax(logits, -1).gather(-1, aset.answers[..., None]).squeeze(-1).sum(-1)
-    per_problem = torch.zeros(aset.n_problems, dtype=torch.float64).index_add_(0, aset.problem, logp.exp().double())
-    return float(per_problem.mean())
-
-
-# ------------------------------------------------------------------------------------------------ rules
-@dataclass(frozen=True)
-class RuleSpec:
-    label: str
-    loss: nsr.LossConfig
-
-
-def parse_rules(text: str, base: nsr.LossConfig) -> list[RuleSpec]:
-    """``hard,nsr,soft:delta=0.1,widen,widen:by=0.05`` -> RuleSpecs; ``hard`` (the base loss) comes first.
-
-    ValueError naming the spec and the allowed values for anything else.
-    """
-    specs = [RuleSpec("hard", base.replace(rule="hard"))]
-    fields = [f for f in nsr.LossConfig.__dataclass_fields__ if f != "rule"]
-    for item in [s.strip() for s in text.split(",") if s.strip()]:
-        name, *kvs = item.split(":")
-        opts = {}
-        for kv in kvs:
-            key, sep, value = kv.partition("=")
-            allowed = ["by"] if name == "widen" else fields
-            if not sep or key not in allowed:
-                raise ValueError(f"--rules {item!r}: {kv!r} is not valid; allowed: key=value with key in {allowed}")
-            try:
-                opts[key] = float(value) if key not in ("level", "executor") else value
-            except ValueError:
-                raise ValueError(f"--rules {item!r}: {key}={value!r} is not valid; allowed: a number") from None
-        if name == "widen":
-            by = opts.get("by", base.delta)
-            loss = base.replace(rule="hard", eps_low=base.eps_low + by, eps_high=base.eps_high + by)
-        elif name in nsr.RULES:
-            loss = base.replace(rule=name, **opts)
-        else:
-            raise ValueError(f"--rules {item!r}: unknown rule {name!r}; allowed: widen, {', '.join(nsr.RULES)}")
-        if item != "hard":
-            if item in [s.label for s in specs]:
-                raise ValueError(f"--rules {item!r} is repeated; allowed: each rule once")
-            specs.append(RuleSpec(item, loss))
-    return specs
 
 
 # ------------------------------------------------------------------------------------------------ the test
@@ -171,19 +95,6 @@ class StateResult:
     """The baseline run's RL seed (-1 in files written before it was recorded: seed = preset seed + run)."""
     sft_seed: int = -1
     """The seed of the warm start the baseline run started from."""
-
-
-def state_steps(n_states: int, runs: int, start: int, every: int, steps: int) -> list[list[int]]:
-    """The baseline steps whose states are tested, per run: ``start, start + every, ...``, n_states in all."""
-    per_run = [n_states // runs + (1 if i < n_states % runs else 0) for i in range(runs)]
-    out = [[start + k * every for k in range(n)] for n in per_run]
-    last = max((s[-1] for s in out if s), default=0)
-    if last > steps:
-        raise ValueError(
-            f"--states {n_states} over --runs {runs} from step {start} every {every} needs step {last}; allowed: "
-            f"at most train.steps = {steps} (raise train.steps or --runs, or lower --every)"
-        )
-    return out
 
 
 def run_test(
@@ -271,38 +182,6 @@ def walk_state(model, opt, run_cfg: RunConfig, specs: list[RuleSpec], task: Task
 
 
 # ------------------------------------------------------------------------------------------------ a sweep's runs
-def header(command: str, git: dict, **extra) -> dict:
-    """The header line of a mechanism file: {"header": {command, git_commit, git_dirty, started, ...}}; the analysis
-    (analysis.mechanism.load_states) skips it."""
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return {"header": {"command": command, **git, "started": started, **extra}}
-
-
-def baseline_specs(sweep: str | Path, seeds: list[int]) -> list:
-    """The sweep's baseline run (arm = the sweep's ``baseline``, rule hard) of each seed, in the order of ``seeds``;
-    ValueError naming the seeds the sweep has when one is missing."""
-    from experiments.sweep import check_ready, expand, load_sweep
-
-    sw = load_sweep(sweep)
-    check_ready(sw)
-    base = sw.baseline or "hard"
-    runs = [s for s in expand(sw) if s.meta.get("arm") == base and s.config.loss.rule == "hard"]
-    by_seed: dict[int, list] = {}
-    for s in runs:
-        by_seed.setdefault(s.config.seed, []).append(s)
-    out = []
-    for seed in seeds:
-        found = by_seed.get(seed, [])
-        if len(found) != 1:
-            have = sorted(by_seed)
-            raise ValueError(
-                f"--seeds: sweep {sw.name} has {len(found)} hard {base!r} runs of seed {seed}; allowed: seeds with "
-                f"exactly one ({', '.join(map(str, have)) or 'none'})"
-            )
-        out.append(found[0])
-    return out
-
-
 def _checkpoint_step(rd) -> int:
     """The step a not-done run folder resumes from (its checkpoint's, 0 without one)."""
     if not rd.checkpoint_path.exists():
@@ -363,7 +242,7 @@ def walk_sweep(
             raise ValueError(f"{spec.run_id}: task or loss differs from {bases[0].run_id}; allowed: one regime")
         rd = RunDir(root / spec.sweep / spec.run_id)
         out = Path(out_pattern.format(seed=cfg.seed))
-        lines = _read_lines(out)
+        lines = read_lines(out)
         have = [r for r in lines if "header" not in r]
         if rd.state() == "done":
             missing = sorted(set(steps) - {r["step"] for r in have})
@@ -406,23 +285,6 @@ def walk_sweep(
     return results
 
 
-def _read_lines(path: Path) -> list[dict]:
-    """The JSON lines of a mechanism file ([] if there is none; a truncated last line, from a walk stopped while
-    writing, is dropped)."""
-    if not path.exists():
-        return []
-    text = path.read_text().splitlines()
-    out = []
-    for j, line in enumerate(text):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                if j != len(text) - 1:
-                    raise ValueError(f"{path}: line {j + 1} is not JSON") from None
-    return out
-
-
 def _dose(row: dict, bins: dict | None) -> float:
     """Gradient weight the update gave its clipped tokens, per valid token: clip_frac x (sum of the clipped tokens'
     weights relative to the unclipped gradient) / (clipped tokens), from the step's ratio bins (0 for hard; NaN at
@@ -440,20 +302,6 @@ def _adamw(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-def parse_seeds(text: str) -> list[int]:
-    """``201-208`` or ``1,4,9`` (or a mix) -> distinct non-negative seeds in that order; ValueError otherwise."""
-    out: list[int] = []
-    try:
-        for part in [p.strip() for p in text.split(",") if p.strip()]:
-            lo, sep, hi = part.partition("-")
-            out += list(range(int(lo), int(hi) + 1)) if sep else [int(part)]
-    except ValueError:
-        raise ValueError(f"--seeds {text!r} is not valid; allowed: A-B or a comma list of integers") from None
-    if not out or len(set(out)) != len(out) or min(out) < 0:
-        raise ValueError(f"--seeds {text!r} is not valid; allowed: distinct non-negative integers, at least one")
-    return out
-
-
 def _task_enumerable(name: str) -> bool:
     task = get_task(name)
     return type(task).solutions is not Task.solutions and task.n_problems <= 100_000
