@@ -1,5 +1,6 @@
 """The generated arithmetic task of the real model (experiments/tasks/arithmetic.py): determinism, disjoint splits,
-the reward, the config checks, the files written on first use."""
+the reward, the config checks, the files written on first use; the pass-rate spread of SmolLM2 on it
+(experiments/evaluation/spread.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from experiments.config import load_config
 from experiments.config_errors import ConfigError
+from experiments.evaluation import spread
 from experiments.tasks import arithmetic
 from experiments.tasks.arithmetic import FAMILIES, GENERATOR_VERSION, problems, split
 
@@ -112,16 +114,30 @@ def test_the_task_fields_are_part_of_the_run_identity(cfg):
         assert load_config(PRESET, [override]).run_hash() != cfg.run_hash(), override
 
 
+def test_the_task_command_refuses_the_spread_naming_where_it_moved(tmp_path, capsys, monkeypatch):
+    """The spread loads a model, so it left the task module (which imports no model): the task's command refuses
+    ``--spread`` before any work, naming the command that measures it with the same options (the one
+    results/smollm2/spread-100x16-seed0.json records ran under the task's command)."""
+    monkeypatch.setenv("NSR_CACHE_DIR", str(tmp_path))
+    argv = [PRESET, "--spread", "100", "16", "--json", "x.json"]
+    assert arithmetic.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"python -m experiments.evaluation.spread {PRESET} --spread 100 16 --json x.json" in err
+    assert not any(tmp_path.iterdir())  # nothing written
+    assert arithmetic.main([PRESET]) == 0 and "train" in capsys.readouterr().out  # the task files, as before
+
+
 @pytest.mark.slow
 def test_the_spread_of_smollm2_on_a_fixed_set(tmp_path, capsys):
-    """``--spread 8 4`` on the SmolLM2 preset (the model's cached conversion, transformers' generate, seed 0): the
-    per-prompt pass rates, their summary and the result file with its command. The full measurement (100 x 16) is in
-    docs/testbed.md."""
+    """``python -m experiments.evaluation.spread PRESET --spread 8 4`` on the SmolLM2 preset (the model's cached
+    conversion, transformers' generate, seed 0): the per-prompt pass rates, their summary and the result file with its
+    command. The full measurement (100 x 16) is in docs/testbed.md."""
     pytest.importorskip("gguf", reason="the SmolLM2 conversion needs gguf (make venv)")
     out = tmp_path / "spread.json"
-    assert arithmetic.main(["sweeps/presets/smollm2-trl-cpu.yaml", "--spread", "8", "4", "--json", str(out)]) == 0
+    assert spread.main(["sweeps/presets/smollm2-trl-cpu.yaml", "--spread", "8", "4", "--json", str(out)]) == 0
     assert "| mul_add | 8 |" in capsys.readouterr().out
     got = json.loads(out.read_text())
+    assert got["command"].startswith("python -m experiments.evaluation.spread ")
     assert got["command"].endswith(f"--spread 8 4 --json {out}") and len(got["load_average"]) == 3
     rates = [r["pass"] for r in got["rows"]]
     assert len(rates) == 8 and {r["family"] for r in got["rows"]} == {"mul_add"}

@@ -224,6 +224,29 @@ def test_inside_experiments_no_shared_module_imports_a_backend():
     )
 
 
+def units(graph: dict[str, set[str]], package: str = "experiments") -> dict[str, set[str]]:
+    """The imports between the rooms of ``package``: each folder of it (``experiments/tasks/``) and each module file
+    (``experiments/run.py``) is one unit; unit -> the other units its files import."""
+
+    def unit(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        if m.split(".")[0] != package:
+            continue
+        out.setdefault(unit(m), set()).update(unit(d) for d in deps if d.split(".")[0] == package)
+    return {u: deps - {u} for u, deps in out.items()}
+
+
+def test_no_import_runs_back_up_inside_experiments():
+    """No two folders or modules of experiments/ import each other, through any chain: the rooms stand in one order,
+    each importing only rooms below it (a folder importing a module that imports the folder back is a circle here,
+    though no two files form one)."""
+    assert cycles(units(GRAPH)) == [], "rooms of experiments/ that import each other: " + str(cycles(units(GRAPH)))
+    assert {"experiments.tasks", "experiments.models"} <= units(GRAPH).keys()
+
+
 def _made_up(tmp_path: Path, sources: dict[str, str]) -> dict[str, set[str]]:
     for rel, text in sources.items():
         path = tmp_path / rel
@@ -286,3 +309,24 @@ def test_a_circle_made_only_of_type_checking_imports_is_a_circle(tmp_path):
     )
     assert graph["nsr.a"] == {"nsr.b"} and graph["nsr.b"] == {"nsr.c"} and graph["nsr.c"] == {"nsr.a"}
     assert cycles(graph) == [["nsr.a", "nsr.b", "nsr.c"]]
+
+
+def test_two_folders_importing_each_other_through_different_files_is_caught(tmp_path):
+    """A made-up tree: models/tiny.py imports tasks/countdown.py and tasks/arithmetic.py imports models/big.py. No
+    circle of files, but the two folders import each other: the rooms' check names them."""
+    graph = _made_up(
+        tmp_path,
+        {
+            "experiments/__init__.py": "",
+            "experiments/models/__init__.py": "",
+            "experiments/models/tiny.py": "from experiments.tasks.countdown import EOS\n",
+            "experiments/models/big.py": "",
+            "experiments/tasks/__init__.py": "",
+            "experiments/tasks/countdown.py": "EOS = 0\n",
+            "experiments/tasks/arithmetic.py": "def f():\n    from experiments.models.big import load\n",
+        },
+    )
+    assert cycles(graph) == []
+    assert cycles(units(graph)) == [["experiments.models", "experiments.tasks"]]
+    (tmp_path / "experiments/tasks/arithmetic.py").write_text("")
+    assert cycles(units(scan(tmp_path))) == []
