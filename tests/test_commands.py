@@ -36,7 +36,7 @@ ALIASES = {
 """Old module path -> where the module lives now; each is a stub of a few lines (its docstring names the record)."""
 IMPORT_ALIASES = {"nsr.validate": "nsr.value_checks"}
 """Old paths of library modules (no command): kept because ``nsr`` is a public package."""
-NOT_OURS = {"pytest"}
+NOT_OURS = {"pytest", "verl.trainer.main_ppo"}  # the docs name them; their help is their own (hydra prints no usage)
 
 PROBE = r"""
 import contextlib, io, json, runpy, sys
