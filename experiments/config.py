@@ -346,6 +346,17 @@ class TRLConfig:
     """Generate with vLLM colocated on the training GPU (vllm installed); False = transformers' generate."""
     vllm_gpu_memory_utilization: float = 0.3
     """GPU memory share of the colocated vLLM engine."""
+    compact_logprobs: bool = False
+    """Send only the positions that predict a completion token through the LM head (TRL does so on CUDA / XPU only):
+    log-probs bit-identical, gradients equal to float32 rounding (nsr.trl.logprobs; docs/testbed.md, "Speed")."""
+    share_prompt: bool = False
+    """Run each distinct prompt once per forward, its G completions on its key/value cache (implies
+    compact_logprobs); equal to float32 rounding. Not with gradient_checkpointing."""
+    skip_zero_adv: bool = False
+    """Leave the sequences with zero advantage (groups of equal rewards) out of the old-log-prob pass and of every
+    update's forward and backward; parameters equal to float32 rounding, clip fractions and the premise meter
+    unchanged; entropy and the ratio statistics then cover the computed sequences only. Refused for kl_cov,
+    clip_cov, kl_coef != 0 and entropy_coef != 0 (NSRGRPOTrainer's skip_zero_advantage)."""
 
 
 @dataclass(frozen=True)
@@ -411,9 +422,19 @@ NEUTRAL = ("logging.checkpoint_every", "logging.progress")
 rows of an uninterrupted one, and the last checkpoint is removed unless kept) and the progress bar."""
 
 
+ADDED_AT_DEFAULT: dict[str, Any] = {
+    "trl.compact_logprobs": False,
+    "trl.share_prompt": False,
+    "trl.skip_zero_adv": False,
+}
+"""Fields added after identity scheme 2, with the value that is the behaviour before they existed: the identity
+leaves each out while it holds that value, so every run made before it keeps its id (tests/test_identity.py), and
+enters it as soon as a config sets it otherwise."""
+
+
 def project(data: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     """The nested dict ``data`` cut down to ``fields`` (dotted; a section keeps all of its keys), minus
-    :data:`_NOT_READ`."""
+    :data:`_NOT_READ` and the :data:`ADDED_AT_DEFAULT` fields that hold their default."""
     out: dict[str, Any] = {}
     for dotted in fields:
         path = dotted.split(".")
@@ -427,6 +448,10 @@ def project(data: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     for dotted in _NOT_READ:
         section, _, leaf = dotted.rpartition(".")
         if isinstance(out.get(section), dict):
+            out[section].pop(leaf, None)
+    for dotted, default in ADDED_AT_DEFAULT.items():
+        section, _, leaf = dotted.rpartition(".")
+        if isinstance(out.get(section), dict) and out[section].get(leaf, default) == default:
             out[section].pop(leaf, None)
     return out
 

@@ -132,11 +132,23 @@ class RuleOutput(NamedTuple):
 Rule = Callable[[RuleInput], RuleOutput]
 
 
-def register_rule(name: str, weight: Callable | None = None, levels: tuple[str, ...] = LEVELS):
+def register_rule(
+    name: str, weight: Callable | None = None, levels: tuple[str, ...] = LEVELS, zero_at_zero_advantage: bool = True
+):
     """Register a rule under ``name`` with its analytic expected gradient weight ``weight(r, s, cfg)``
-    (nsr.theory; None when the rule has none), read back by :func:`nsr.expected_weight`, and the levels it is
-    defined at (LossConfig refuses the others)."""
-    return RULES.register(name, weight=weight, levels=tuple(levels))
+    (nsr.theory; None when the rule has none), read back by :func:`nsr.expected_weight`, the levels it is
+    defined at (LossConfig refuses the others), and whether a unit with A = 0 is inert under it
+    (:func:`zero_at_zero_advantage`)."""
+    return RULES.register(name, weight=weight, levels=tuple(levels), zero_at_zero_advantage=zero_at_zero_advantage)
+
+
+def zero_at_zero_advantage(rule: str) -> bool:
+    """Whether every unit with A = 0 has zero loss and zero gradient under ``rule`` and leaves the other units'
+    loss unchanged, so a trainer may leave such sequences out of its forward and backward passes (NSRGRPOTrainer's
+    ``skip_zero_advantage``). False for rules with a term at A = 0 (kl_cov's |log r| penalty) or whose choice of
+    units reads every valid unit (clip_cov's covariance and token budget). tests/test_trl_fast.py checks each rule
+    that claims it."""
+    return RULES.info(rule)["zero_at_zero_advantage"]
 
 
 def ppo_loss(r: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
@@ -298,9 +310,10 @@ def _check(log_probs, old_log_probs, advantages, mask):
     return adv, valid
 
 
-def _metrics(out: RuleOutput, ratio, log_ratio_raw, valid) -> dict[str, torch.Tensor]:
+def _metrics(out: RuleOutput, ratio, log_ratio_raw, valid, ratio_units=None) -> dict[str, torch.Tensor]:
     """Every METRIC_KEYS value as a 0-dim tensor, from the rule's masks: fractions of valid tokens; ratio
-    mean / min / max over valid units (token-weighted at sequence level); approx_kl = mean(old - logp)."""
+    mean / min / max over valid units (token-weighted at sequence level) and approx_kl = mean(old - logp) over
+    ``ratio_units`` (default: the valid units)."""
     dtype = ratio.dtype
     n = torch.count_nonzero(valid)
     denom = n.clamp(min=1).to(dtype)
@@ -311,17 +324,20 @@ def _metrics(out: RuleOutput, ratio, log_ratio_raw, valid) -> dict[str, torch.Te
 
     low, high = (none if m is None else m for m in (out.clipped_low, out.clipped_high))
     r = ratio.detach()
-    has = n > 0  # an empty mask reports ratio 1, not inf
+    units = valid if ratio_units is None else valid & ratio_units
+    n_units = torch.count_nonzero(units)
+    units_denom = n_units.clamp(min=1).to(dtype)
+    has = n_units > 0  # an empty mask reports ratio 1, not inf
     return {
         "clip_frac_low": frac(low),
         "clip_frac_high": frac(high),
         "clip_frac": frac(low | high),
         "rescue_frac": frac(out.rescued),
         "pushout_frac": frac(out.pushed),
-        "ratio_mean": torch.where(has, torch.where(valid, r, 0.0).sum() / denom, 1.0),
-        "ratio_min": torch.where(has, torch.where(valid, r, torch.inf).amin(), 1.0),
-        "ratio_max": torch.where(has, torch.where(valid, r, -torch.inf).amax(), 1.0),
-        "approx_kl": -log_ratio_raw.detach().sum() / denom,
+        "ratio_mean": torch.where(has, torch.where(units, r, 0.0).sum() / units_denom, 1.0),
+        "ratio_min": torch.where(has, torch.where(units, r, torch.inf).amin(), 1.0),
+        "ratio_max": torch.where(has, torch.where(units, r, -torch.inf).amax(), 1.0),
+        "approx_kl": -torch.where(units, log_ratio_raw.detach(), 0.0).sum() / units_denom,
     }
 
 
@@ -336,6 +352,7 @@ def policy_loss(
     mask: torch.Tensor | None,
     cfg: LossConfig,
     generator: torch.Generator | None = None,
+    ratio_units: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token policy loss of ``cfg.rule``.
 
@@ -346,6 +363,9 @@ def policy_loss(
         mask: (B, T) bool, True on real response tokens (None = all real).
         cfg: the rule and its parameters.
         generator: torch.Generator on the tensors' device for every random draw (None = torch's global RNG).
+        ratio_units: (B, T) bool, the units ratio_mean / ratio_min / ratio_max and approx_kl are taken over, within
+            ``mask`` (None = every valid unit): a trainer that did not compute some sequences' log-probs (their
+            advantage is zero, NSRGRPOTrainer's skip_zero_advantage) keeps them out of these statistics.
 
     Returns:
         loss_tok: (B, T), zero where mask is False; reduce it with :func:`aggregate`.
@@ -372,7 +392,7 @@ def policy_loss(
         loss = torch.where(dual, -cfg.dual_clip * adv, loss)
         out = RuleOutput(loss, *(_without(m, dual) for m in out[1:]))
     loss = torch.where(valid, loss, 0.0)
-    return loss, _metrics(out, ratio, lr, valid)
+    return loss, _metrics(out, ratio, lr, valid, ratio_units)
 
 
 def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor | None, mode: str = "token-mean") -> torch.Tensor:

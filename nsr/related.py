@@ -55,9 +55,9 @@ from nsr.objectives import RuleInput, RuleOutput, ppo_loss, register_rule
 TOKEN_ONLY = ("token",)
 
 
-def register(name: str, weight=None):
+def register(name: str, weight=None, zero_at_zero_advantage: bool = True):
     """``register_rule`` at token level only: LossConfig refuses ``level: sequence`` for these rules."""
-    return register_rule(name, weight=weight, levels=TOKEN_ONLY)
+    return register_rule(name, weight=weight, levels=TOKEN_ONLY, zero_at_zero_advantage=zero_at_zero_advantage)
 
 
 # ------------------------------------------------------------------ GPPO and CE-GPPO
@@ -186,7 +186,7 @@ def first_k(
     return chosen.view_as(key)
 
 
-@register("clip_cov")
+@register("clip_cov", zero_at_zero_advantage=False)
 def clip_cov(x: RuleInput) -> RuleOutput:
     """Clip-Cov (The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617): the PPO min-form, and k =
     max(floor(clip_cov_frac x n_valid), 1) tokens drawn at random among the unclipped valid tokens whose centred
@@ -211,7 +211,7 @@ def clip_cov(x: RuleInput) -> RuleOutput:
     return RuleOutput(loss, low, high, pushed=detached)
 
 
-@register("kl_cov")
+@register("kl_cov", zero_at_zero_advantage=False)
 def kl_cov(x: RuleInput) -> RuleOutput:
     """KL-Cov (arXiv 2505.22617): no ratio clip; L = -A r, plus kl_cov_coef |log r| on the k = max(floor(kl_cov_frac
     x n_valid), 1) valid tokens with the largest centred covariance.

@@ -1,14 +1,17 @@
-"""Time a trl-backend RL step of a HF-model preset against TRL's own GRPOTrainer on the same model, batch and
-GRPOConfig (its default loss: the GRPOConfig's dapo with the same trust region; its own advantages).
+"""Time a trl-backend RL step against TRL's own GRPOTrainer on the same model, data, reward and GRPOConfig.
 
-    python -m experiments.trl.bench sweeps/presets/smollm2-trl-cpu.yaml --trainer kit --steps 4
-    python -m experiments.trl.bench sweeps/presets/smollm2-trl-cpu.yaml --trainer trl --steps 4
+    python -m experiments.trl.bench sweeps/presets/smollm2-trl-cpu.yaml train.minibatches=4 --trainer kit --steps 4
+    python -m experiments.trl.bench sweeps/presets/smollm2-trl-cpu.yaml train.minibatches=4 --trainer trl --steps 4
+
+``--trainer kit`` times the trainer the trl backend itself builds (experiments.trl.train.build_trainer: the preset's
+loss, advantages and its ``trl.*`` savings, as a run has them), writing into a temporary run folder, without
+evaluation. ``--trainer trl`` times TRL's GRPOTrainer on the same parts and GRPOConfig (its default loss: dapo with
+the same trust region; its own advantages). torch uses every core unless NSR_THREADS says otherwise.
 
 One JSON line: seconds of each RL step (generation, rewards, the old log-probs and every update), their median over
 the steps after the first (TRL's start-up is in the first), the seconds of each step's generation and of its whole
 rollout (generation, rewards, old log-probs; the rest of a step is its updates), the load average at the start and
-the end, the process's peak resident memory, and the size of one TRL checkpoint (with ``--checkpoint``). No run
-folder is written.
+the end, the process's peak resident memory, and the size of one TRL checkpoint (with ``--checkpoint``).
 """
 
 from __future__ import annotations
@@ -41,21 +44,14 @@ def _timed(fn, sink: list[float]):
 
 
 def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
-    from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from experiments.models.smollm2 import load
-    from experiments.tasks.arithmetic import reward_func, split
-    from experiments.threads import set_threads
-    from experiments.trl.train import grpo_config, optimizer_steps_per_rl_step
-    from nsr.trl import NSRGRPOTrainer
+    from experiments.rundir import RunDir
+    from experiments.trl.train import build_trainer, grpo_config, optimizer_steps_per_rl_step, trainer_parts
 
-    threads = set_threads()
+    threads = _set_threads()
     cfg = cfg.replace(train=dataclasses.replace(cfg.train, steps=steps))
-    model, tok, info = load(cfg.model.name, untie=cfg.model.untie_embeddings)
-    rows = split(cfg.task)["train"]
-    data = Dataset.from_dict({"prompt": [r["prompt"] for r in rows], "label": [r["label"] for r in rows]})
     k = optimizer_steps_per_rl_step(cfg)
     times: list[float] = []
     phases: dict[str, list[float]] = {}
@@ -73,20 +69,22 @@ def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
                 times.append(time.perf_counter() - self.t0)
 
     with tempfile.TemporaryDirectory() as tmp:
-        args = grpo_config(cfg, tmp)
-        if checkpoint:
-            args.save_strategy, args.save_steps = "steps", k
-        kw = dict(model=model, reward_funcs=[reward_func()], args=args, train_dataset=data, processing_class=tok,
-                  callbacks=[Clock()])  # fmt: skip
         if trainer_kind == "kit":
-            trainer = NSRGRPOTrainer(**kw, loss=cfg.loss, advantages=cfg.advantages, seed=cfg.seed)
+            trainer, _ = build_trainer(cfg, RunDir(Path(tmp) / "run"), evaluate=False)
+            info = trainer.model.model_info if hasattr(trainer.model, "model_info") else None
         else:
-            trainer = GRPOTrainer(**kw)
+            model, tok, data, reward, _ = trainer_parts(cfg)
+            info = getattr(model, "model_info", None)
+            trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=grpo_config(cfg, Path(tmp) / "run"),
+                                  train_dataset=data, processing_class=tok)  # fmt: skip
+        trainer.add_callback(Clock())
+        if checkpoint:
+            trainer.args.save_strategy, trainer.args.save_steps = "steps", k
         for name in ("_generate", "_generate_and_score_completions"):  # the same methods in both trainers
             setattr(trainer, name, _timed(getattr(trainer, name), phases.setdefault(name, [])))
         load0 = os.getloadavg()[0]
         trainer.train()
-        ckpts = sorted(Path(tmp).glob("checkpoint-*"))
+        ckpts = sorted((Path(tmp) / "run").rglob("checkpoint-*"))
         ckpt_bytes = _dir_bytes(ckpts[-1]) if ckpts else None
     return {
         "trainer": trainer_kind,
@@ -101,8 +99,21 @@ def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
         "load_end": round(os.getloadavg()[0], 2),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "checkpoint_mb": round(ckpt_bytes / 2**20, 1) if ckpt_bytes else None,
-        "weights_sha256": info["weights_sha256"][:16],
+        "weights_sha256": info["weights_sha256"][:16] if info else None,
     }
+
+
+def _set_threads() -> int:
+    """NSR_THREADS if set, else every core of this machine (a bench measures the machine, not a grid run)."""
+    import torch
+
+    from experiments.threads import set_threads
+
+    if os.environ.get("NSR_THREADS"):
+        return set_threads()
+    n = len(os.sched_getaffinity(0))
+    torch.set_num_threads(n)
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:

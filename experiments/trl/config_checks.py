@@ -48,3 +48,23 @@ def check_config(cfg) -> None:
     allowed = "false (DGG is an option of the tiny and openrlhf backends)"
     check_field("train", "dgg", not cfg.train.dgg, allowed, cfg.train.dgg)
     check_verifier_reward(cfg)
+    check_speed_fields(cfg)
+
+
+def check_speed_fields(cfg) -> None:
+    """trl.skip_zero_adv only where leaving zero-advantage sequences out is exact (NSRGRPOTrainer's
+    skip_zero_advantage); trl.share_prompt not with gradient checkpointing."""
+    from nsr.objectives import zero_at_zero_advantage
+
+    if cfg.trl.share_prompt:
+        allowed = "false with trl.share_prompt=true (the prompt reaches the completions through its key/value cache)"
+        check_field("trl", "gradient_checkpointing", not cfg.trl.gradient_checkpointing, allowed, True)
+    if not cfg.trl.skip_zero_adv:
+        return
+    off = "or trl.skip_zero_adv=false"
+    allowed = f"with trl.skip_zero_adv=true a rule inert at A = 0 (every rule but kl_cov and clip_cov), {off}"
+    check_field("loss", "rule", zero_at_zero_advantage(cfg.loss.rule), allowed, cfg.loss.rule)
+    allowed = f"0 with trl.skip_zero_adv=true (the KL term acts at A = 0), {off}"
+    check_field("train", "kl_coef", cfg.train.kl_coef == 0, allowed, cfg.train.kl_coef)
+    allowed = f"0 with trl.skip_zero_adv=true (the entropy bonus acts at A = 0), {off}"
+    check_field("train", "entropy_coef", cfg.train.entropy_coef == 0, allowed, cfg.train.entropy_coef)

@@ -112,6 +112,13 @@ def grpo_config(cfg: RunConfig, output_dir: str | Path, progress: bool = False):
     )
 
 
+def speed_options(cfg: RunConfig) -> dict[str, bool]:
+    """NSRGRPOTrainer's exact savings as the config sets them (trl.compact_logprobs, share_prompt, skip_zero_adv)."""
+    t = cfg.trl
+    return {"compact_logprobs": t.compact_logprobs, "share_prompt": t.share_prompt,
+            "skip_zero_advantage": t.skip_zero_adv}  # fmt: skip
+
+
 def _tiny_parts(cfg: RunConfig, progress: bool):
     """(model, tokenizer, dataset, reward function, evaluate) for a model built in code on a testbed task."""
     from experiments.evaluation.testbed import evaluate
@@ -188,6 +195,12 @@ def _math_parts(cfg: RunConfig, progress: bool):
         return out
 
     return model, tok, data, math_correct, run_eval
+
+
+def trainer_parts(cfg: RunConfig, progress: bool = False):
+    """(model, tokenizer, dataset, reward function, evaluate) of ``cfg``: a HF model on a math task, or a testbed
+    model on a testbed task."""
+    return (_math_parts if cfg.task.name in HF_TASKS else _tiny_parts)(cfg, progress)
 
 
 ROW_NAMES = {"approx_kl": "ppo_kl"}
@@ -277,12 +290,13 @@ def build_trainer(
     stop_after: int | None = None,
     before_step=None,
     save_and_stop: SaveRequest | None = None,
+    evaluate: bool = True,
 ):
     """(NSRGRPOTrainer of ``cfg`` writing into ``rd``, evaluate function). ``stop_after``: the trainer stops after
     this RL step as if killed (tests of the resume path). ``before_step(step, trainer)``: called once per RL step
     ``step`` (1-based) after its rollout and before its updates (NSRGRPOTrainer.after_rollout). ``save_and_stop``:
     once requested, the trainer saves a checkpoint at the end of the RL step under way (unless it is the last) and
-    stops."""
+    stops. ``evaluate=False``: no evaluation at the due steps (experiments.trl.bench times training only)."""
     from transformers import PrinterCallback, TrainerCallback
 
     from nsr.trl import NSRGRPOTrainer
@@ -291,8 +305,7 @@ def build_trainer(
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    parts = _math_parts if cfg.task.name in HF_TASKS else _tiny_parts
-    model, tok, data, reward, run_eval = parts(cfg, progress)
+    model, tok, data, reward, run_eval = trainer_parts(cfg, progress)
     info = getattr(model, "warm_start_info", None)
     if info is not None and rd.config_path.exists():  # a model trained from a testbed warm start: pairs need its hash
         from experiments.sft import record_warm_start
@@ -321,7 +334,7 @@ def build_trainer(
 
                 rd.append("ratio_bins.jsonl", [counts_row(trainer.premise_counts, step, cfg.loss)])
                 trainer.premise_counts = None
-            if _eval_due(cfg, step):
+            if evaluate and _eval_due(cfg, step):
                 rd.append("eval.jsonl", run_eval(trainer.model, step))
             if stop_after is not None and step >= stop_after:
                 control.should_training_stop = True
@@ -355,6 +368,7 @@ def build_trainer(
         loss=cfg.loss,
         advantages=cfg.advantages,
         seed=cfg.seed,
+        **speed_options(cfg),
     )
     trainer.remove_callback(PrinterCallback)  # TRL's log goes to metrics.jsonl, not stdout
     if before_step is not None:

@@ -58,6 +58,7 @@ from nsr.advantages import STD_EPS
 from nsr.objectives import METRIC_REDUCE, reduce_metric
 from nsr.premise import PremiseMeter, rates
 from nsr.seeds import generator
+from nsr.trl.logprobs import check_model, completion_logps
 
 LOSS_TYPES = ("dapo", "grpo")
 """TRL loss types whose aggregation this trainer reproduces: dapo = token-mean, grpo = seq-mean-token-mean."""
@@ -79,6 +80,20 @@ class NSRGRPOTrainer(GRPOTrainer):
             ``importance_sampling_level``, ``epsilon`` and ``epsilon_high`` (so TRL's own settings do not disagree).
         advantages: the advantage kind and noise (default: group_norm).
         seed: seed of the rule's and the advantage's random streams (default: the GRPOConfig's seed).
+        compact_logprobs: send only the positions that predict a completion token through the LM head (TRL does so on
+            CUDA / XPU only): log-probs bit-identical to TRL's, gradients to float32 rounding (nsr.trl.logprobs).
+        share_prompt: also run each distinct prompt once per forward and the completions on its key/value cache
+            (implies compact_logprobs): log-probs and gradients equal TRL's to float32 rounding.
+        skip_zero_advantage: leave the sequences whose advantage is zero (a group whose rewards are all equal) out
+            of the rollout's old-log-prob pass and out of every update's forward and backward. Exact where nothing
+            in the loss reads them: refused unless the rule is inert at A = 0 (``nsr.objectives.
+            zero_at_zero_advantage``: every rule but kl_cov and clip_cov) and beta, the entropy bonus and a MoE
+            router loss are off. Every optimizer step is still taken (a micro-batch with nothing left backpropagates
+            an exact zero, so AdamW's moments move as before), the loss keeps its normaliser (dapo: the generation
+            batch's token count) and the rule's noise is drawn at the full batch shape. The clip and rescue
+            fractions and the premise meter are unchanged (they count tokens with A != 0 over every valid token);
+            ``entropy``, ``nsr/ratio_mean`` / ``ratio_min`` / ``ratio_max`` and ``nsr/approx_kl`` are then taken over
+            the tokens of the sequences that were computed.
     """
 
     def __init__(
@@ -88,6 +103,9 @@ class NSRGRPOTrainer(GRPOTrainer):
         advantages: nsr.AdvantageConfig | None = None,
         seed=None,
         premise: bool = True,
+        compact_logprobs: bool = False,
+        share_prompt: bool = False,
+        skip_zero_advantage: bool = False,
         **kw,
     ):
         if not isinstance(loss, nsr.LossConfig):
@@ -100,6 +118,11 @@ class NSRGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kw)
         _check_args(self.args, loss, advantages)
         _check_text_only(None, None, self.processing_class, self.model)
+        self.compact_logprobs = bool(compact_logprobs or share_prompt)
+        self.share_prompt = bool(share_prompt)
+        self.skip_zero_advantage = bool(skip_zero_advantage)
+        _check_speed_options(self, loss)
+        self._deferred_old = None  # the rollout's old-log-prob pass, put off until the advantages are known
         self.nsr_loss = loss
         self.nsr_advantages, self.nsr_batch_scale = scaled_advantages(self.args.scale_rewards, advantages)
         self.nsr_seed = self.args.seed if seed is None else seed
@@ -137,8 +160,52 @@ class NSRGRPOTrainer(GRPOTrainer):
         self._rewards_per_func = out  # (N_all, n_funcs), gathered over processes
         return out
 
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **multimodal,
+    ):  # fmt: skip
+        """TRL's, with two of the kit's savings: while a training rollout defers its old-log-prob pass
+        (skip_zero_advantage), that pass is recorded and answered with zeros (filled by
+        :meth:`_old_logps_of_kept_rows` once the advantages are known); with compact_logprobs a text model's
+        log-probs come from nsr.trl.logprobs."""
+        if self._deferred_old is not None and model is self.model and not torch.is_grad_enabled():
+            self._deferred_old.append((input_ids, attention_mask, logits_to_keep, batch_size))
+            return input_ids.new_zeros((len(input_ids), logits_to_keep), dtype=torch.float32), None, None
+        plain = not compute_aux_loss and all(v is None for v in multimodal.values())
+        if self.compact_logprobs and plain:
+            logps, entropies = completion_logps(
+                model, input_ids, attention_mask, logits_to_keep, temperature=self.temperature,
+                share_prompt=self.share_prompt, batch_size=batch_size, entropy=compute_entropy,
+                autocast=self.accelerator.autocast,
+            )  # fmt: skip
+            return logps, entropies, None
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+            **multimodal,
+        )  # fmt: skip
+
+    def _old_logps_of_kept_rows(self, call, advantages: torch.Tensor) -> torch.Tensor:
+        """The deferred old-log-prob pass on the rows with a nonzero advantage, zeros on the others (never read:
+        :meth:`_compute_loss` leaves those rows out). The rows keep their padded layout (same width, same
+        positions), so each kept row's old log-probs are what the full pass computes, to float32 rounding."""
+        input_ids, attention_mask, logits_to_keep, batch_size = call
+        old = torch.zeros((len(input_ids), logits_to_keep), device=input_ids.device)
+        kept = _kept_rows(advantages)
+        if len(kept):
+            with torch.no_grad():
+                logps, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids[kept], attention_mask[kept], logits_to_keep, batch_size=batch_size
+                )
+            old[kept] = logps.to(old.dtype)
+        return old
+
     def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
+        defer = self.skip_zero_advantage and self.model.training
+        self._deferred_old = [] if defer else None
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        finally:
+            deferred, self._deferred_old = self._deferred_old, None
         if any(k in out for k in MULTIMODAL_KEYS):  # a backstop: __init__ refuses image data and VLMs
             raise ValueError(_MULTIMODAL_ERROR.format(what=f"inputs with {sorted(set(out) & set(MULTIMODAL_KEYS))}"))
         if not self.model.training:  # evaluation keeps TRL's advantages (they enter no update)
@@ -157,6 +224,9 @@ class NSRGRPOTrainer(GRPOTrainer):
         self._metrics["train"]["nsr/adv_abs_mean"].append(adv.abs().mean().item())
         mixed = (grouped.amax(1) != grouped.amin(1)).float().mean()
         self._metrics["train"]["nsr/mixed_group_frac"].append(mixed.item())
+        if deferred:  # the one old-log-prob pass of this rollout (beta 0: no reference pass)
+            (call,) = deferred
+            out["old_per_token_logps"] = self._old_logps_of_kept_rows(call, out["advantages"])
         return out
 
     # ------------------------------------------------------------------ loss
@@ -202,21 +272,28 @@ class NSRGRPOTrainer(GRPOTrainer):
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-        )  # fmt: skip
-        old = inputs.get("old_per_token_logps")
-        old = logps.detach() if old is None else old  # one pass per generation: TRL leaves it out (ratio 1)
         adv = inputs["advantages"]
         adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
         train = self.model.training
+        computed = None  # rows whose log-probs were computed (None: all)
+        if train and self.skip_zero_advantage:
+            computed = (adv != 0).any(-1)
+            logps, entropies, aux_loss, old = self._kept_rows_logps(model, input_ids, attention_mask, inputs,
+                                                                    computed)  # fmt: skip
+        else:
+            logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled,
+            )  # fmt: skip
+            old = inputs.get("old_per_token_logps")
+            old = logps.detach() if old is None else old  # one pass per generation: TRL leaves it out (ratio 1)
         mode = "train" if train else "eval"
         accum = self.current_gradient_accumulation_steps if train else 1.0
         num_items = inputs["num_items_in_batch"]
 
         gen = self._loss_generator(logps.device, train)
-        loss_tok, met = nsr.policy_loss(logps, old, adv, mask.bool(), self.nsr_loss, gen)
+        units = None if computed is None else computed.unsqueeze(-1).expand_as(mask)
+        loss_tok, met = nsr.policy_loss(logps, old, adv, mask.bool(), self.nsr_loss, gen, ratio_units=units)
         if train and self.premise is not None and logps.requires_grad:  # the rule's loss, before vLLM IS weights
             self.premise.add(loss_tok, logps, adv, mask.bool(), old_log_probs=old)
         if self.use_vllm and self.vllm_importance_sampling_correction:
@@ -235,6 +312,8 @@ class NSRGRPOTrainer(GRPOTrainer):
             loss = loss - self.entropy_coef * _masked_mean(entropies, mask) / accum
         if self.aux_loss_enabled:  # TRL's MoE load-balancing loss, scaled for accumulation as the policy loss
             loss = loss + self.router_aux_loss_coef * aux_loss / accum
+        if computed is not None and not bool(computed.any()):  # nothing left: an exact zero gradient on every
+            loss = loss + _zero_through(model)  # parameter, so the optimizer step moves AdamW's moments as before
 
         # metrics: one gather for all of them, then each reduced over processes as _reduce declares
         with torch.no_grad():
@@ -243,7 +322,7 @@ class NSRGRPOTrainer(GRPOTrainer):
             high = (coef > 1 + self.epsilon_high) & (adv > 0)
             local = {f"nsr/{k}": met[k] for k in nsr.METRIC_KEYS}
             local["nsr/policy_loss"] = rule_loss
-            local.update(_masked_sums("entropy", entropies, mask))
+            local.update(_masked_sums("entropy", entropies, mask if units is None else mask * units))
             for name, x in (("low", low), ("high", high), ("region", low | high)):
                 local.update(_masked_sums(f"clip_ratio/{name}_mean", x.float(), mask))
             local["clip_ratio/low_min"] = _seq_means(low.float(), mask).nan_to_num(torch.inf).min()
@@ -261,6 +340,30 @@ class NSRGRPOTrainer(GRPOTrainer):
         if self._entropy_bonus_enabled and train and self.accelerator.sync_gradients:
             self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
         return loss
+
+    def _kept_rows_logps(self, model, input_ids, attention_mask, inputs, computed):
+        """(log-probs, entropies, aux loss, old log-probs), each (B, T), with only the ``computed`` rows sent
+        through the model (skip_zero_advantage): the other rows hold log-prob = old log-prob = 0 (ratio 1, no
+        gradient), so the rule, drawn at the full shape, gives them loss 0 as it would at A = 0."""
+        n_completion = inputs["completion_ids"].size(1)
+        old = inputs.get("old_per_token_logps")
+        kept = computed.nonzero().squeeze(-1)
+        shape = (len(input_ids), n_completion)
+        logps = torch.zeros(shape, device=input_ids.device)
+        entropies = torch.zeros(shape, device=input_ids.device)
+        if len(kept):
+            lp, ent, _ = self._get_per_token_logps_and_entropies(
+                model, input_ids[kept], attention_mask[kept], n_completion, compute_entropy=True
+            )
+            logps = logps.to(lp.dtype).index_put((kept,), lp)
+            entropies = entropies.to(ent.dtype).index_put((kept,), ent.detach())
+        else:  # the meter and the metrics read a graph; the loss gets its zero gradient in _compute_loss
+            logps = logps.requires_grad_()
+        if old is None:  # one update per rollout: TRL's old log-prob is the new one, detached (ratio 1)
+            old = logps.detach()
+        else:
+            old = torch.where(computed.unsqueeze(-1), old, 0.0)
+        return logps, entropies, None, old
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's log (the mean of each metric over the logging window), except the ``nsr/`` metrics that
@@ -296,6 +399,17 @@ _MULTIMODAL_ERROR = (
     "vision inputs to the model; allowed: a text-only causal LM with a tokenizer and text prompts (use TRL's "
     "GRPOTrainer for vision-language models)"
 )
+
+
+def _kept_rows(advantages: torch.Tensor) -> torch.Tensor:
+    """Indices of the rows of a (B,) or (B, T) advantage tensor with any nonzero value."""
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    return (adv != 0).any(-1).nonzero().squeeze(-1)
+
+
+def _zero_through(model) -> torch.Tensor:
+    """0, with a gradient of exact zeros on every trainable parameter of ``model`` (one element read from each)."""
+    return sum(p.reshape(-1)[:1].sum() for p in model.parameters() if p.requires_grad) * 0.0
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -382,6 +496,34 @@ def scaled_advantages(scale_rewards: str, advantages: nsr.AdvantageConfig) -> tu
             "group_norm and noise 0"
         )
     return advantages.replace(kind="no_std"), scale_rewards == "batch"
+
+
+def _check_speed_options(trainer: NSRGRPOTrainer, loss: nsr.LossConfig) -> None:
+    """The compact / shared-prompt log-probs and the zero-advantage skip where they are exact, or a ValueError
+    naming the option and what is allowed."""
+    from nsr.objectives import zero_at_zero_advantage
+
+    if trainer.compact_logprobs:
+        check_model(trainer.model, trainer.share_prompt, trainer.args.gradient_checkpointing)
+    if not trainer.skip_zero_advantage:
+        return
+    reads = []
+    if not zero_at_zero_advantage(loss.rule):
+        reads.append(f"loss.rule={loss.rule!r} (it acts on or selects among tokens with A = 0)")
+    if trainer.beta != 0.0:
+        reads.append(f"GRPOConfig.beta={trainer.beta} (the KL term acts at A = 0)")
+    if trainer._entropy_bonus_enabled:
+        reads.append(f"GRPOConfig.entropy_coef={trainer.entropy_coef} (the entropy bonus acts at A = 0)")
+    if trainer.aux_loss_enabled:
+        reads.append("a MoE router loss (router_aux_loss_coef != 0)")
+    if trainer.use_vllm and trainer.vllm_importance_sampling_correction:
+        reads.append("GRPOConfig.vllm_importance_sampling_correction=True (it reads every old log-prob)")
+    if reads:
+        raise ValueError(
+            "skip_zero_advantage=True is not valid with " + "; ".join(reads) + ": the sequences it leaves out would "
+            "change the update; allowed: skip_zero_advantage=False, or a rule inert at A = 0 with beta 0, "
+            "entropy_coef 0 and no router loss"
+        )
 
 
 def _check_args(args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | None = None) -> None:
