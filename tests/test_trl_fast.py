@@ -5,9 +5,9 @@ on tiny local models (tests/trl_tiny.py) and a tiny Llama (SmolLM2's class), no 
 * shared prompt: log-probs and gradients equal to TRL's to float32 rounding (rtol 1e-5, atol 1e-6), left-padded
   prompts of several lengths and right-padded completions included;
 * skip_zero_advantage: for every rule inert at A = 0, one RL step (two minibatch updates) with and without the skip
-  ends at the same parameters to float32 rounding (rtol 1e-5, atol 1e-5 = 2e-4 x lr), with equal premise-meter counts and clip
-  fractions, while the skip's passes really see fewer rows; a step whose every group has equal rewards still moves
-  the weights through AdamW's moments as without the skip;
+  ends at the same parameters to float32 rounding (rtol 1e-5, atol 1e-5 = 2e-4 x lr), with equal premise-meter
+  counts and clip fractions, while the skip's passes really see fewer rows; a step whose every group has equal
+  rewards still moves the weights through AdamW's moments as without the skip;
 * the refusals of what would not be exact.
 """
 
