@@ -178,7 +178,7 @@ def _trl_path(cfg, batch) -> tuple[torch.Tensor, torch.Tensor]:
     args = GRPOConfig(
         output_dir="/nonexistent-not-written", use_cpu=True, report_to="none", disable_tqdm=True, seed=0,
         per_device_train_batch_size=B, num_generations=2, max_completion_length=T, logging_steps=1, max_steps=1,
-        save_strategy="no", epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, loss_type="dapo",
+        save_strategy="no", epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, loss_type="dapo", num_iterations=2,
     )  # fmt: skip
     trainer = NSRGRPOTrainer(
         model=trl_tiny.dense_lm(), reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,

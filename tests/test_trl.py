@@ -242,8 +242,73 @@ def test_bad_settings_fail_before_work(run_env, tmp_path):
     with pytest.raises(ValueError, match=r"GRPOConfig\.loss_type='bnpo' is not valid with NSRGRPOTrainer"):
         NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig())
     args = GRPOConfig(output_dir=str(tmp_path), epsilon=0.1, use_cpu=True, report_to="none")
-    with pytest.raises(ValueError, match=r"GRPOConfig\.epsilon=0\.1 is not valid .*0\.2 \(loss\.eps_low\)"):
-        NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig())
+    with pytest.raises(ValueError, match=r"loss\.eps_low=0\.2 and GRPOConfig\.epsilon=0\.1 set the trust region twice"):
+        NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig(eps_low=0.2))
+
+
+def test_no_stale_update_is_refused_naming_both_fields(tmp_path):
+    """TRL's default schedule (num_iterations 1, steps_per_generation = gradient_accumulation_steps): every ratio is 1,
+    so a rule that needs stale ratios is refused before any model work (model=None), naming both fields; hard and
+    clip_cov are not, nor a schedule with a stale update, nor allow_on_policy=True."""
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", gradient_accumulation_steps=2)
+    for rule in ("nsr", "soft", "cispo", "kl_cov"):
+        with pytest.raises(ValueError, match=r"GRPOConfig\.num_iterations=1 with GRPOConfig\.steps_per_generation=2"):
+            NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig(rule=rule))
+    nsr_loss = nsr.LossConfig(rule="nsr")
+    for ok, allow in [(dict(), True), (dict(num_iterations=2), False), (dict(steps_per_generation=4), False)]:
+        ok_args = GRPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, report_to="none", gradient_accumulation_steps=2, **ok
+        )
+        with pytest.raises(AttributeError):  # past every check of the arguments: TRL then reads the model (None)
+            NSRGRPOTrainer(model=None, reward_funcs=[], args=ok_args, loss=nsr_loss, allow_on_policy=allow)
+    for rule in ("hard", "clip_cov"):
+        with pytest.raises(AttributeError):
+            NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig(rule=rule))
+
+
+def test_plugins_md_snippet_runs_as_pasted(tmp_path, monkeypatch):
+    """docs/plugins.md's TRL block, executed as written, with a tiny local policy (saved as a folder, as a model name
+    from the hub would be) and TRL's other defaults: the trainer builds, with TRL's default trust region. One change:
+    ``use_cpu=True`` (TRL's default bf16 needs a GPU, or use_cpu)."""
+    import re
+
+    import trl_tiny
+
+    text = (REPO_ROOT / "docs" / "plugins.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "NSRGRPOTrainer(" in b]
+    assert block.count("GRPOConfig(") == 1
+    block = block.replace("GRPOConfig(", "GRPOConfig(use_cpu=True, ")
+    monkeypatch.chdir(tmp_path)
+    scope = {"model": trl_tiny.save_models(tmp_path / "models")["dense"], "train_dataset": trl_tiny.zen()["train"],
+             "reward_funcs": [lambda completions, **kw: [0.0] * len(completions)]}  # fmt: skip
+    exec(block, scope)
+    loss = scope["trainer"].nsr_loss
+    assert (loss.rule, loss.eps_low, loss.eps_high, loss.delta) == ("nsr", 0.2, 0.2, 0.2)
+
+
+def test_trl_default_clip_range_is_the_trust_region(tmp_path):
+    """GRPOConfig's defaults but num_iterations (epsilon 0.2, epsilon_high None = 0.2) and LossConfig(rule="nsr"): the
+    trainer trains with TRL's range, set once; the premise meter uses it too; an epsilon TRL accepts that no rule
+    can use is refused under TRL's name."""
+    import trl_tiny
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", num_iterations=2, per_device_train_batch_size=4,
+        num_generations=2, max_completion_length=6, max_steps=2, logging_steps=1, save_strategy="no", disable_tqdm=True,
+    )  # fmt: skip
+    trainer = NSRGRPOTrainer(
+        model=trl_tiny.dense_lm(), reward_funcs=lambda completions, **kw: [float(len(c) % 2) for c in completions],
+        args=args, train_dataset=trl_tiny.zen()["train"], processing_class=trl_tiny.char_tokenizer(),
+        loss=nsr.LossConfig(rule="nsr"),
+    )  # fmt: skip
+    assert (trainer.nsr_loss.eps_low, trainer.nsr_loss.eps_high, trainer.nsr_loss.delta) == (0.2, 0.2, 0.2)
+    assert trainer.premise.cfg == trainer.nsr_loss
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "nsr/clip_frac" in h]
+    assert len(logged) == 2 and all(h["premise/pos_clipped_zone"] >= 0 for h in logged)
+    with pytest.raises(ValueError, match=r"GRPOConfig\.epsilon=1\.0 is not valid"):
+        NSRGRPOTrainer(model=None, reward_funcs=[], args=GRPOConfig(output_dir=str(tmp_path), epsilon=1.0,
+                       num_iterations=2, use_cpu=True, report_to="none"), loss=nsr.LossConfig(rule="nsr"))  # fmt: skip
 
 
 def test_math_path_with_a_local_hf_model(run_env, tmp_path):

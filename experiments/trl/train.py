@@ -265,7 +265,7 @@ def check_runnable(cfg: RunConfig) -> None:
 
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            _check_args(grpo_config(cfg, tmp), cfg.loss)
+            _check_args(grpo_config(cfg, tmp), cfg.loss, cfg.advantages, cfg.train.allow_on_policy)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -355,6 +355,7 @@ def build_trainer(
         loss=cfg.loss,
         advantages=cfg.advantages,
         seed=cfg.seed,
+        allow_on_policy=cfg.train.allow_on_policy,
     )
     trainer.remove_callback(PrinterCallback)  # TRL's log goes to metrics.jsonl, not stdout
     if before_step is not None:

@@ -11,12 +11,15 @@ Optional parameters take hydra's ``+`` (keys verl's own config does not have):
 ``+...policy_loss.dual_clip=false``; the trust region stays ``actor.clip_ratio_low`` / ``clip_ratio_high``.
 The kit's ``python -m experiments.verl_overrides --sweep sweeps/delta.yaml`` prints the overrides of every grid
 point of a sweep. Importing this package registers the modes (:func:`register`); details in :mod:`nsr.verl.plugin`.
+A rule that needs stale ratios is refused by verl's own config validation when the schedule has one update per step
+(``ppo_epochs`` 1, ``ppo_mini_batch_size`` = ``data.train_batch_size``): :func:`check_schedule`.
 """
 
 from nsr.verl.plugin import (
     PREFIX,
     VERL_VERSION,
     NSRPolicyLossConfig,
+    check_schedule,
     loss_config,
     loss_modes,
     policy_loss,
@@ -30,6 +33,7 @@ __all__ = [
     "PREFIX",
     "VERL_VERSION",
     "NSRPolicyLossConfig",
+    "check_schedule",
     "loss_config",
     "loss_modes",
     "policy_loss",
