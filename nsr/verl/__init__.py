@@ -1,6 +1,6 @@
 """NSR for verl users: every rule of ``nsr.RULES`` as a verl 0.9.1 policy-loss mode ``nsr:<rule>``.
 
-Two lines added to a verl DAPO recipe (this repo installed, ``pip install -e .``, in the
+Two lines added to a verl DAPO recipe (the method library installed, ``pip install "./nsr[verl]"``, in the
 environment of every Ray worker) run NSR:
 
     actor_rollout_ref.actor.policy_loss._target_=nsr.verl.NSRPolicyLossConfig \\
