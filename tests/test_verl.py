@@ -20,6 +20,7 @@ from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 import nsr  # noqa: E402
 import nsr.verl  # noqa: E402
 from nsr.premise import RATE_KEYS  # noqa: E402
+from nsr.verl.plugin import PREMISE_COUNT_KEYS as COUNT_KEYS  # noqa: E402
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 """Every aggregation mode of verl's agg_loss: the plug-in reduces with verl's own agg_loss, so all are shared."""
@@ -87,7 +88,11 @@ def test_nsr_rescues_and_reports_its_metrics():
     assert not torch.equal(grad, hard_grad)  # rescued tokens get a gradient
     assert set(met) == {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} | {
         f"actor/nsr_{k}" for k in nsr.METRIC_KEYS
-    } | {f"actor/premise/{k}" for k in RATE_KEYS}
+    } | {f"actor/premise/{k}" for k in RATE_KEYS} | {f"actor/premise/n_{k}" for k in COUNT_KEYS}
+    t = float(met["actor/premise/n_tokens"])
+    assert t == batch[3].sum().item() and float(met["actor/premise/n_tokens_adv"]) <= t
+    for k in ("pos_clipped_zone", "neg_clipped_deep"):  # the counts are the rates' numerators
+        assert float(met[f"actor/premise/n_{k}"]) == pytest.approx(float(met[f"actor/premise/{k}"]) * t, rel=1e-12)
     again = run("nsr:nsr", actor("nsr:nsr", nsr.verl.NSRPolicyLossConfig(loss_mode="nsr:nsr", seed=7)), batch)
     assert not torch.equal(again[1], grad)  # another seed, other draws
     nsr.verl.plugin._GENERATORS.clear()

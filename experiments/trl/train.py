@@ -319,7 +319,8 @@ def build_trainer(
             if trainer.premise_counts is not None:  # the premise meter's counts of this RL step (token level)
                 from nsr.premise import counts_row
 
-                rd.append("ratio_bins.jsonl", [counts_row(trainer.premise_counts, step, cfg.loss)])
+                tokens = trainer.premise_tokens or (None, None)
+                rd.append("ratio_bins.jsonl", [counts_row(trainer.premise_counts, step, cfg.loss, *tokens)])
                 trainer.premise_counts = None
             if _eval_due(cfg, step):
                 rd.append("eval.jsonl", run_eval(trainer.model, step))

@@ -5,8 +5,8 @@
 
 One node: run it on the node (OpenRLHF starts a local Ray). SLURM / several nodes: start Ray on the nodes
 (slurm/ray_cluster.py), then run it on the head node with RAY_ADDRESS set; every node imports ``nsr`` from the same
-installed package (``pip install -e ./nsr -e .`` into a venv on the shared file system). Normally it is not typed by hand:
-``python -m experiments.run <preset or sweep>`` builds the command (experiments/openrlhf/argv.py), and
+installed package (``pip install -e ./nsr -e .`` into a venv on the shared file system). Normally it is not typed by
+hand: ``python -m experiments.run <preset or sweep>`` builds the command (experiments/openrlhf/argv.py), and
 ``python -m experiments.run --sweep S --dry-run`` prints it.
 
 What it does, in order (docs/cluster.md):

@@ -51,7 +51,8 @@ micro-batch (the rule's per-token loss and its autograd gradient; no host sync),
 window's counts in ``trainer.premise_counts`` (summed over processes; the trl backend writes them to
 ratio_bins.jsonl) and per-token rates in TRL's log as ``premise/<key>`` (``nsr.premise.RATE_KEYS``: per side the
 clipped tokens within the rescue zone and deeper, the rescued ones and their gradient weight, over the window's valid
-tokens). ``premise=False`` turns it off.
+tokens), with ``premise/tokens`` and ``premise/tokens_adv`` (the window's valid tokens and those with a nonzero
+advantage), so the counts are rate x tokens. ``premise=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class NSRGRPOTrainer(GRPOTrainer):
         self.premise = PremiseMeter(loss) if premise and loss.level == "token" else None
         self.premise_counts: torch.Tensor | None = None
         """The premise meter's (2, 3, N_BINS + 1) counts of the last logging window, summed over processes (host)."""
+        self.premise_tokens: tuple[float, float] | None = None
+        """That window's valid tokens and those with a nonzero advantage (logged as premise/tokens, tokens_adv)."""
         self.after_rollout = None
         """Called as ``after_rollout(trainer)`` once per RL step, after its rollout is generated, scored and split into
         the buffered minibatches and before its first update (experiments.trl.probe tests rules there); it must leave
@@ -290,16 +293,19 @@ class NSRGRPOTrainer(GRPOTrainer):
         once: kept in ``premise_counts`` (the run folder's ratio_bins.jsonl row) and logged as ``premise/<key>``
         per-token rates (nsr.premise.rates); then the meter restarts. A window without tokens (TRL's end-of-training
         summary) logs nothing and leaves ``premise_counts`` as it was."""
-        counts, tokens = self.premise.counts(), self.premise.tokens
+        counts, tokens, tokens_adv = self.premise.counts(), self.premise.tokens, self.premise.tokens_adv
         if self.accelerator.num_processes > 1:
             counts = self.accelerator.reduce(counts.clone(), "sum")
             tokens = self.accelerator.reduce(tokens.clone(), "sum")
-        counts, tokens = counts.cpu(), tokens.cpu()
+            tokens_adv = self.accelerator.reduce(tokens_adv.clone(), "sum")
+        counts, tokens, tokens_adv = counts.cpu(), tokens.cpu(), tokens_adv.cpu()
         self.premise.reset()
         if tokens.item() == 0:
             return
         self.premise_counts = counts
+        self.premise_tokens = (tokens.item(), tokens_adv.item())
         logs.update({f"premise/{k}": v.item() for k, v in rates(counts, tokens).items()})
+        logs.update({"premise/tokens": tokens.item(), "premise/tokens_adv": tokens_adv.item()})
 
 
 _MULTIMODAL_ERROR = (

@@ -35,7 +35,10 @@ The premise meter (token level; ``policy_loss.premise``, default on): per micro-
 every ``nsr.premise.RATE_KEYS`` key: per advantage side the clipped tokens within NSR's rescue zone
 (``pos_clipped_zone``, the in-zone clipped mass per token) and deeper (``pos_clipped_deep``), the clipped tokens the
 rule still gave a gradient (``pos_rescued``) and the sum of their gradient weight (``pos_weight``), each divided by
-the micro-batch's valid tokens. verl wraps a loss's metrics as ``Metric(aggregation=mean)``: the mean over the
+the micro-batch's valid tokens; and the counts themselves, ``actor/premise/n_<side>_clipped_zone``,
+``n_<side>_clipped_deep``, ``n_tokens`` and ``n_tokens_adv`` (valid tokens with a nonzero advantage), so a step's mean
+count over its mean token count is its exact pooled rate. verl wraps a loss's metrics as
+``Metric(aggregation=mean)``: the mean over the
 micro-batches of a rank, then over the ranks, all with equal weight. Rates per token are the quantities whose equal-
 weight mean stays a per-token rate (counts would scale with the micro-batch size; a share of clipped tokens would
 weigh a micro-batch with 1 clipped token like one with 100); the mean equals the step's pooled rate when the
@@ -225,7 +228,12 @@ def policy_loss(
 
 
 PREMISE_PREFIX = "actor/premise/"
-"""verl metric names of the premise meter: ``actor/premise/<key>`` for every ``nsr.premise.RATE_KEYS`` key."""
+"""verl metric names of the premise meter: ``actor/premise/<key>`` for every ``nsr.premise.RATE_KEYS`` key, and
+``actor/premise/n_<key>`` for every :data:`PREMISE_COUNT_KEYS` key."""
+PREMISE_COUNT_KEYS = ("tokens", "tokens_adv", "pos_clipped_zone", "pos_clipped_deep", "neg_clipped_zone",
+                      "neg_clipped_deep")  # fmt: skip
+"""The micro-batch counts logged next to the rates: valid tokens, those with a nonzero advantage, and per side the
+clipped tokens within the rescue zone and deeper."""
 
 
 def premise_metrics(loss_tok, log_prob, old_log_prob, advantages, mask, cfg: nsr.LossConfig) -> dict:
@@ -235,7 +243,12 @@ def premise_metrics(loss_tok, log_prob, old_log_prob, advantages, mask, cfg: nsr
     rate, equal to the step's pooled rate when micro-batches hold equal token counts (module docstring)."""
     (grad,) = torch.autograd.grad(loss_tok.sum(), log_prob, retain_graph=True)  # d loss_t / d log pi_t
     counts = premise_counts(grad, token_ratio(log_prob, old_log_prob), advantages, mask, cfg)
-    return {PREMISE_PREFIX + k: v for k, v in rates(counts, mask.sum()).items()}
+    out = {PREMISE_PREFIX + k: v for k, v in rates(counts, mask.sum()).items()}
+    # counts too (verl means them over micro-batches: a step's mean count over its mean token count is its pooled rate)
+    n = {"tokens": mask.sum().double(), "tokens_adv": (mask & (advantages != 0)).sum().double()}
+    for i, side in enumerate(("pos", "neg")):
+        n[f"{side}_clipped_zone"], n[f"{side}_clipped_deep"] = counts[i, 0, :-1].sum(), counts[i, 0, -1]
+    return out | {f"{PREMISE_PREFIX}n_{k}": n[k] for k in PREMISE_COUNT_KEYS}
 
 
 def make_policy_loss(rule: str):
