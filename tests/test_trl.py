@@ -106,8 +106,9 @@ def test_ratio_bins_log_what_the_rule_did_with_clipped_tokens(nsr_run, hard_run)
 
 
 def test_analysis_premise_reads_the_trl_folder(nsr_run, capsys):
-    """python -m analysis.premise on a trl run folder: reach from its ratio_bins.jsonl, in-zone mass from its clip
-    fractions (tests/test_analysis_premise.py reads tiny folders and a verl log)."""
+    """python -m analysis.premise on a trl run folder: reach and the exact in-zone mass per token from its
+    ratio_bins.jsonl, whose rows hold the step's token counts (tests/test_analysis_premise.py reads tiny and R0
+    folders and framework logs)."""
     import numpy as np
 
     from analysis import premise
@@ -116,12 +117,15 @@ def test_analysis_premise_reads_the_trl_folder(nsr_run, capsys):
     got = premise.read_run(nsr_run.path)
     assert (got["backend"], got["rule"], got["delta"], got["steps"]) == ("trl", "nsr", 0.2, 4)
     bins, metrics = read_jsonl(nsr_run.log_path("ratio_bins.jsonl")), read_jsonl(nsr_run.metrics_path)
-    for side, frac in (("pos", "clip_frac_high"), ("neg", "clip_frac_low")):
-        share = reach_share(np.sum([r[f"{side}_clipped"] for r in bins], axis=0))
+    tokens = sum(r["tokens"] for r in bins)
+    assert got["tokens"] == tokens > 0 and got["per_token"] == "exact" and len(metrics) == 4
+    for side in ("pos", "neg"):
+        hist = np.sum([r[f"{side}_clipped"] for r in bins], axis=0)
+        share = reach_share(hist)
         assert got[f"{side}_reach"] == share and 0 < share <= 1
-        clip = np.mean([r[frac] for r in metrics])
-        assert got[f"{side}_zone_per_token"] == pytest.approx(clip * share, rel=1e-12)
-    assert premise.main([str(nsr_run.path)]) == 0 and f"| {nsr_run.path} | trl | nsr |" in capsys.readouterr().out
+        assert got[f"{side}_zone_per_token"] == pytest.approx(hist[:-1].sum() / tokens, rel=1e-12)
+    assert premise.main([str(nsr_run.path)]) == 0
+    assert f"{nsr_run.path} (run folder: backend trl, rule nsr, eps 0.2 / 0.28" in capsys.readouterr().out
 
 
 def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
