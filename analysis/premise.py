@@ -71,9 +71,9 @@ class PremiseError(ValueError):
 def thresholds() -> dict:
     """Stage R0's thresholds, as registered: reach (min share per side), zone mass (min in-zone clipped per token,
     both sides), and the floor of clipped tokens below which a side's reach is not read."""
-    from analysis.regime import load_regime
+    import yaml  # analysis.regime reads this file too (and this module): read it here, not through it
 
-    crit = load_regime(stage="r0")["criteria"]
+    crit = yaml.safe_load((Path(__file__).parent / "regime.yaml").read_text())["stage_r0"]["criteria"]
     return {"reach": float(crit["reach"]["min_share"]), "zone_mass": float(crit["zone_mass"]["min"]),
             "floor": REACH_FLOOR}  # fmt: skip
 
