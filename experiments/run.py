@@ -440,6 +440,8 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
         from experiments.sweep import check_ready, resolve_run
 
         spec = resolve_run(args.sweep, args.run_id, preset=args.preset)
+        if not args.preset and spec.run_id and spec.meta.get("preset") not in _sweep_presets(args.sweep):
+            print(f"run {spec.run_id}: a run of preset {spec.meta['preset']} (found without --preset)", file=sys.stderr)
         if not getattr(args, "dry_run", False):
             check_ready(args.sweep)
         return spec.config, spec.run_id, spec.sweep, spec.meta
@@ -448,6 +450,13 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
     cfg = load_config(args.config, args.overrides)
     name = Path(args.config).stem
     return cfg, f"{name}-{cfg.run_hash()}", "adhoc", {"sweep": "adhoc", "arm": name, "seed": cfg.seed}
+
+
+def _sweep_presets(sweep) -> tuple[str, ...]:
+    """The presets a sweep names itself."""
+    from experiments.sweep import load_sweep
+
+    return load_sweep(sweep).presets
 
 
 def dry_run(args) -> list[dict]:

@@ -3,9 +3,15 @@
     python -m slurm.submit sweeps/delta.yaml --dry-run                 # list runs, their overrides and the plan
     python -m slurm.submit delta                                       # the whole grid on the sweep's preset
     python -m slurm.submit delta --preset tiny --max-parallel 2        # the CPU testbed version, 2 at a time
-    python -m slurm.submit delta --only nsr-delta0.2-s0-3f2a9c1e       # rerun one (see --dry-run for ids)
+    python -m slurm.submit delta --only nsr-delta0.2-s0-4e647725       # rerun one (see --dry-run for ids)
+    python -m slurm.submit delta --preset tiny --only nsr-delta0.2-s0-ff416816   # the same grid point on tiny
     python -m slurm.submit delta --preset tiny-smoke --cluster local   # no SLURM: local processes, waits
     python -m slurm.status delta                                       # where each run is
+
+A run id is ``<arm>-s<seed>-<8 hex of the run's config hash>``; the preset is part of the config, so one grid point
+has an id per preset (above: delta's nsr-delta0.2-s0 on its own preset and with --preset tiny): take ids from a
+--dry-run with the same --preset. Folders made under an older identity scheme keep their names, and those ids still
+resolve (docs/design.md, "Run identity").
 
 Every run of the sweep is expanded and validated (experiments.sweep.expand) and the site file is checked before anything
 is submitted. Run folders (results/runs/<sweep>/<run_id>, or --out-root) decide what is sent:
