@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep")
     p.add_argument("--preset")
     p.add_argument("--site", help="site file (default slurm/cluster.yaml)")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value overrides before or after the options
     if not a.sweep and not a.config:
         print("error: give a preset file or --sweep SWEEP", file=sys.stderr)
         return 2

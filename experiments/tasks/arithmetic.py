@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure the pass-rate spread of the first PROMPTS training problems")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, metavar="PATH", help="with --spread: also write the result (per-prompt rows)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)  # overrides before or after options
     cfg = load_config(args.config, args.overrides)
     paths = write_files(cfg.task)
     print(json.dumps({part: {"path": str(q), "rows": len(read_rows(q))} for part, q in paths.items()}, indent=1))
