@@ -94,9 +94,10 @@ def test_ratio_bins_log_what_the_rule_did_with_clipped_tokens(nsr_run, hard_run)
     from nsr.premise import counts_row
 
     bins = {name: read_jsonl(rd.log_path("ratio_bins.jsonl")) for name, rd in (("hard", hard_run), ("nsr", nsr_run))}
-    fields = set(counts_row(torch.zeros(2, 3, 11), 1, nsr.LossConfig()))
+    fields = set(counts_row(torch.zeros(2, 3, 11), 1, nsr.LossConfig(), 1, 1))  # with the token counts
     for name, rows in bins.items():
         assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(set(r) == fields for r in rows), name
+        assert all(0 < r["tokens_adv"] <= r["tokens"] for r in rows), name
         assert all(r["delta"] == 0.2 and r["executor"] == "noisy" for r in rows)
     assert_rescue_bins(bins["hard"], bins["nsr"], delta=0.2)
     for rd, rows in ((hard_run, bins["hard"]), (nsr_run, bins["nsr"])):  # clipped tokens exist iff TRL saw some
