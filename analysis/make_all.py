@@ -245,7 +245,31 @@ def status_markdown(report: dict, issues, notes, not_tabled: dict | None = None)
     return "\n".join(lines) + "\n"
 
 
-def print_status(report: dict, notes) -> None:
+_NOT_EXPANDED = re.compile(r"^([\w.-]+) \(preset ([\w.-]+)\): not expanded: ")
+
+
+def note_lines(notes, verbose: bool = False) -> list[str]:
+    """The notes as printed: with ``verbose`` each as it is; else a sweep's "not expanded with preset P" notes (every
+    sweep file is matched against the presets the runs were made with, and a sweep's configs may not be valid on some
+    of them: a fact, not an error) become one line per sweep, the detail behind --verbose and in tables/status.md."""
+    if verbose:
+        return list(notes)
+    out, grouped = [], {}
+    for n in notes:
+        m = _NOT_EXPANDED.match(n)
+        if m is None:
+            out.append(n)
+        else:
+            grouped.setdefault(m.group(1), []).append(m.group(2))
+    for sweep, presets in grouped.items():
+        out.append(
+            f"{sweep}: not matched against the runs of preset {', '.join(presets)}: its configs are not valid on "
+            "that preset (--verbose or tables/status.md say why)"
+        )
+    return out
+
+
+def print_status(report: dict, notes, verbose: bool = False) -> None:
     for sweep, states in report.items():
         if set(states) == {"missing"}:
             print(f"  {sweep}: not run ({len(states['missing'])} runs in its sweep file)")
@@ -257,7 +281,7 @@ def print_status(report: dict, notes) -> None:
                 ids = states[st]
                 parts.append(f"{len(ids)} {st}: {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}")
         print("  " + "; ".join(parts))
-    for n in notes:
+    for n in note_lines(notes, verbose):
         print("  note: " + n)
 
 
@@ -331,6 +355,7 @@ def make_all(
     quiet: bool = False,
     jobs: int | None = None,
     cache: Path | None = None,
+    verbose: bool = False,
 ) -> dict:
     """Build everything; returns {"files": [...], "status": {...}, "claims": [...], "issues": [...], ...}.
 
@@ -345,10 +370,10 @@ def make_all(
     if jobs is None:
         jobs = default_jobs() if len(find_run_dirs(Path(runs))) >= PARALLEL_MIN_RUNS else 1
     with worker_pool(check_jobs(jobs, "--jobs")) as pool:
-        return _make_all(Path(runs), out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache)
+        return _make_all(Path(runs), out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache, verbose)
 
 
-def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache) -> dict:
+def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache, verbose=False) -> dict:
     say = (lambda *a: None) if quiet else print
     tab_dir, fig_dir = inside(out / "tables", out), inside(out / "figures", out)
     with warnings.catch_warnings():
@@ -368,7 +393,7 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
     n_distinct = summary["run"].nunique()
     say(f"runs under {runs}: {n_distinct} distinct run(s) counted, from {len(rs.runs)} folder(s)")
     excluded = warn_excluded(rs) if not quiet else {}
-    print_status(report, notes + rs.notes) if not quiet else None
+    print_status(report, notes + rs.notes, verbose) if not quiet else None
     tab = lambda name: inside(tab_dir / name, out)  # noqa: E731
     fig = lambda name: inside(fig_dir / name, out)  # noqa: E731
     files = [write_text(tab("status.md"), status_markdown(report, rs.issues, notes + rs.notes, not_tabled), out)]
@@ -512,6 +537,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-cache", action="store_true",
                    help="parse every run's logs again (default: keep them parsed in $NSR_CACHE_DIR/analysis, else "
                         "cache/analysis; an entry is used only for the same file bytes and reading code)")  # fmt: skip
+    p.add_argument("--verbose", action="store_true", help="print every note in full (default: one line per sweep)")
     a = p.parse_args(argv)
     if not a.runs.is_dir():
         print(f"error: --runs {a.runs}: no such folder", file=sys.stderr)
@@ -538,7 +564,8 @@ def main(argv=None) -> int:
     readme = None if a.no_readme else a.readme or (README if a.out.resolve() == OUT_ROOT.resolve() else None)
     t0 = time.perf_counter()
     try:
-        res = make_all(a.runs, a.out, readme, tuple(a.format), a.sweeps_dir, a.presets_dir, jobs=jobs, cache=cache)
+        res = make_all(a.runs, a.out, readme, tuple(a.format), a.sweeps_dir, a.presets_dir, jobs=jobs, cache=cache,
+                       verbose=a.verbose)  # fmt: skip
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -86,7 +86,10 @@ def get(cfg_or_name) -> Backend:
 
 def preflight(cfg: RunConfig) -> None:
     """Every check ``cfg``'s run makes at its start, before any work; ConfigError naming the key and the allowed
-    values if one fails."""
+    values if one fails. Also the live curves' (``logging.report_to``, experiments/curves.py)."""
+    from experiments.curves import check
+
+    check(cfg.logging.report_to, cfg.backend)
     get(cfg).preflight(cfg)
 
 

@@ -260,6 +260,9 @@ class EvalConfig:
         check_range("eval", "seed", self.seed, 0, SEED_MAX)
 
 
+REPORT_TO = ("none", "tensorboard", "wandb")
+
+
 @dataclass(frozen=True)
 class LoggingConfig:
     """How a run is recorded. Excluded from the run id: none of it changes a logged number."""
@@ -270,9 +273,14 @@ class LoggingConfig:
     """Show a progress bar."""
     keep_checkpoint: bool = False
     """Keep the final checkpoint in the run folder (tiny: a few hundred kB)."""
+    report_to: Literal["none", "tensorboard", "wandb"] = "none"
+    """Live curves while the run trains (experiments/curves.py), tiny and trl backends: none; tensorboard (events under
+    RUN/tensorboard/); wandb (offline, under RUN/wandb/; needs the optional wandb package). The openrlhf backend
+    writes OpenRLHF's own TensorBoard events under RUN/tensorboard/ whatever the value (wandb refused)."""
 
     def __post_init__(self):
         check_range("logging", "checkpoint_every", self.checkpoint_every, 0, MAX_STEPS)
+        check_field("logging", "report_to", self.report_to in REPORT_TO, ", ".join(REPORT_TO), self.report_to)
 
 
 @dataclass(frozen=True)
@@ -472,7 +480,7 @@ def scheme1_hash(cfg: RunConfig) -> str:
     """The run hash of identity scheme 1 (every field but ``logging``), as the runs made before scheme 2 recorded it."""
     d = cfg.to_dict()
     d.pop("logging")
-    for dotted, default in SINCE_SCHEME1.items():
+    for dotted, default in {**SINCE_SCHEME1, **ADDED_AT_DEFAULT}.items():
         section, leaf = dotted.split(".")
         if d[section].get(leaf, default) == default:
             d[section].pop(leaf, None)

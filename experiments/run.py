@@ -217,6 +217,7 @@ def _run_locked(
             stop_request.ignore(save_signum)
 
     try:
+        rd.curves = _curves(cfg, rd, run_id)
         if before_step is None:
             BACKENDS[cfg.backend].run(cfg, rd, progress)
         else:  # the tiny and trl backends' hook (run() refuses it for any other)
@@ -233,7 +234,24 @@ def _run_locked(
         ending()
         return rd.set_status("done")
     finally:
+        _close_curves(rd)
         signal.signal(signal.SIGTERM, previous)
+
+
+def _curves(cfg: RunConfig, rd: RunDir, run_id: str | None):
+    """The run's live curves (``logging.report_to``, experiments/curves.py) for a backend that trains in this process
+    (tiny, trl; the openrlhf backend's OpenRLHF writes its own TensorBoard events), or None."""
+    if cfg.logging.report_to == "none" or BACKENDS[cfg.backend].command is not None:
+        return None
+    from experiments.curves import Curves
+
+    return Curves(rd.path, cfg.logging.report_to, run_name=run_id or rd.path.name, config=cfg.to_dict())
+
+
+def _close_curves(rd: RunDir) -> None:
+    if rd.curves is not None:
+        rd.curves.close()
+        rd.curves = None
 
 
 def run_batch(
@@ -293,6 +311,8 @@ def run_batch(
             rds[i].set_status("running", run_hash=cfgs[i].run_hash(), threads=n_threads)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
+            for i in todo:
+                rds[i].curves = _curves(cfgs[i], rds[i], run_ids[i] if run_ids else None)
             train_batch([cfgs[i] for i in todo], [rds[i] for i in todo], progress=progress)
         except BaseException as e:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -311,6 +331,8 @@ def run_batch(
                 if rds[i].state() == "running":
                     rds[i].set_status("done")
         finally:
+            for i in todo:
+                _close_curves(rds[i])
             signal.signal(signal.SIGTERM, previous)
     return [rd.status() for rd in rds]
 
@@ -418,6 +440,8 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
         from experiments.sweep import check_ready, resolve_run
 
         spec = resolve_run(args.sweep, args.run_id, preset=args.preset)
+        if not args.preset and spec.run_id and spec.meta.get("preset") not in _sweep_presets(args.sweep):
+            print(f"run {spec.run_id}: a run of preset {spec.meta['preset']} (found without --preset)", file=sys.stderr)
         if not getattr(args, "dry_run", False):
             check_ready(args.sweep)
         return spec.config, spec.run_id, spec.sweep, spec.meta
@@ -426,6 +450,13 @@ def resolve(args) -> tuple[RunConfig, str, str, dict]:
     cfg = load_config(args.config, args.overrides)
     name = Path(args.config).stem
     return cfg, f"{name}-{cfg.run_hash()}", "adhoc", {"sweep": "adhoc", "arm": name, "seed": cfg.seed}
+
+
+def _sweep_presets(sweep) -> tuple[str, ...]:
+    """The presets a sweep names itself."""
+    from experiments.sweep import load_sweep
+
+    return load_sweep(sweep).presets
 
 
 def dry_run(args) -> list[dict]:

@@ -282,6 +282,8 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self.curves = None
+        """A live-curves writer (experiments.curves.Curves) that :meth:`append` also hands every row to, or None."""
 
     # ------------------------------------------------------------ files
     @property
@@ -395,8 +397,12 @@ class RunDir:
 
     # ------------------------------------------------------------ logs
     def append(self, name: str, rows: Iterable[dict]) -> None:
-        """Append rows to log ``name`` (metrics.jsonl, eval.jsonl, ratio_bins.jsonl) with :func:`append_jsonl`."""
+        """Append rows to log ``name`` (metrics.jsonl, eval.jsonl, ratio_bins.jsonl) with :func:`append_jsonl`; then
+        to the live curves, if the run has them (``logging.report_to``)."""
+        rows = list(rows)
         append_jsonl(self.path / name, rows)
+        if self.curves is not None:
+            self.curves.rows(name, rows)
 
     def truncate_logs(self, last_step: int) -> None:
         """Drop log rows with step > ``last_step`` (written after the checkpoint a resume starts from).

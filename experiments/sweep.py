@@ -2,7 +2,7 @@
 
     from experiments.sweep import expand, resolve_run
     runs = expand("sweeps/delta.yaml", preset="tiny")      # list[RunSpec], every config validated
-    spec = resolve_run("delta", "nsr-delta0.2-s0-3f2a9c1e")  # exactly the config the grid runs
+    spec = resolve_run("delta", "nsr-delta0.2-s0-4e647725")  # exactly the config the grid runs
 
 Commands that use it: ``python -m slurm.submit SWEEP [--preset P] --dry-run`` lists the runs,
 ``python -m experiments.run --sweep SWEEP --run RUN_ID`` runs one, ``python -m slurm.status SWEEP``.
@@ -476,9 +476,11 @@ def _folder_identity(sweep_name: str, run_id: str) -> str | None:
 def resolve_run(sweep: str | Path, run_id: str, preset: str | None = None, presets_dir: Path | None = None) -> RunSpec:
     """The RunSpec of ``run_id`` in a sweep, exactly as :func:`expand` makes it; SweepError if it is not there.
 
-    Without ``preset``, the sweep's own preset is tried first, then every preset file (a run id ends in its config
-    hash, so an id from a ``--preset tiny`` grid resolves without naming the preset). The id of a folder made under
-    an earlier identity rule (``results/runs/<sweep>/<id>/``) resolves to the run of its config.
+    A run id depends on the preset (it ends in the config's hash, and the preset is most of the config). Without
+    ``preset``, the sweep's own preset is tried first, then every preset file, so an id from a ``--preset tiny`` grid
+    resolves without naming the preset (its RunSpec's ``meta["preset"]`` says which). With ``preset``, an id that is
+    a run of another preset is refused naming that preset. The id of a folder made under an earlier identity rule
+    (``results/runs/<sweep>/<id>/``) resolves to the run of its config.
     """
     runs = expand(sweep, preset=preset, presets_dir=presets_dir)
     identity = _folder_identity(runs[0].sweep, run_id) if runs else None
@@ -489,17 +491,26 @@ def resolve_run(sweep: str | Path, run_id: str, preset: str | None = None, prese
     found = match(runs)
     if found:
         return found[0]
-    if preset is None:
-        tried = {r.meta["preset"] for r in runs}
-        for other in available(Path(presets_dir) if presets_dir else PRESETS_DIR):
-            if other in tried:
-                continue
-            try:
-                found = match(expand(sweep, preset=other, presets_dir=presets_dir))
-            except SweepError:
-                continue
-            if found:
-                return found[0]
+    tried = {r.meta["preset"] for r in runs}
+    candidates = [None] if preset is not None else []  # with --preset: the sweep's own preset too
+    candidates += list(available(Path(presets_dir) if presets_dir else PRESETS_DIR))
+    for other in candidates:
+        if other in tried:
+            continue
+        try:
+            found = match(expand(sweep, preset=other, presets_dir=presets_dir))
+        except SweepError:
+            continue
+        if not found:
+            continue
+        if preset is None:
+            return found[0]
+        owner = found[0].meta["preset"]
+        fix = "drop --preset (it is the sweep's own preset)" if other is None else f"use --preset {owner}"
+        raise SweepError(
+            f"{sweep_path(sweep)}: {run_id!r} is a run of preset {owner!r}, not of --preset {preset} (a run id ends "
+            f"in its config's hash, and the preset is part of the config); {fix}"
+        )
     ids = [r.run_id for r in runs]
     close = difflib.get_close_matches(run_id, ids, n=5, cutoff=0.5)
     more = " ..." if len(ids) > 10 else ""

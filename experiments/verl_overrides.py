@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. loss.rule=nsr")
     p.add_argument("--sweep", help="a sweep file: one line per run")
     p.add_argument("--preset", help="with --sweep: replace the sweep's preset")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # key=value overrides before or after the options
 
     from nsr.verl import recipe_overrides  # imports verl: only when run
 

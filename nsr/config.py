@@ -102,6 +102,10 @@ class LossConfig:
             raise ValueError(
                 f"{name}.level={self.level!r} is not valid for rule={self.rule!r}; allowed: {', '.join(levels)}"
             )
+        # which level-dependent fields were left unset (None): a plug-in takes those from its framework's own keys
+        # (nsr.trl: the trust region from GRPOConfig) and refuses a clash only with a value that was given
+        unset = frozenset(key for key in LEVEL_DEFAULTS[self.level] if getattr(self, key) is None)
+        object.__setattr__(self, "_unset", unset)
         for key, default in LEVEL_DEFAULTS[self.level].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, default)
@@ -131,6 +135,11 @@ class LossConfig:
         _number(name, "kl_cov_coef", self.kl_cov_coef, "kl_cov_coef >= 0", lambda v: v >= 0)
         _number(name, "dppo_delta", self.dppo_delta, "0 < dppo_delta < 1", lambda v: 0 < v < 1)
         _number(name, "dppo_cap", self.dppo_cap, "dppo_cap >= 1", lambda v: v >= 1)
+
+    def was_set(self, key: str) -> bool:
+        """Whether the level-dependent field ``key`` (eps_low, eps_high, delta) was given, not left at None (its
+        level's default). ``replace`` gives every field, so a replaced config has them all set."""
+        return key not in self.__dict__.get("_unset", frozenset())
 
     @property
     def low(self) -> float:

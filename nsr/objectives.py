@@ -133,13 +133,39 @@ Rule = Callable[[RuleInput], RuleOutput]
 
 
 def register_rule(
-    name: str, weight: Callable | None = None, levels: tuple[str, ...] = LEVELS, zero_at_zero_advantage: bool = True
+    name: str,
+    weight: Callable | None = None,
+    levels: tuple[str, ...] = LEVELS,
+    hard_at_ratio_one: bool | Callable[[LossConfig], bool] = True,
+    zero_at_zero_advantage: bool = True,
 ):
     """Register a rule under ``name`` with its analytic expected gradient weight ``weight(r, s, cfg)``
     (nsr.theory; None when the rule has none), read back by :func:`nsr.expected_weight`, the levels it is
-    defined at (LossConfig refuses the others), and whether a unit with A = 0 is inert under it
-    (:func:`zero_at_zero_advantage`)."""
-    return RULES.register(name, weight=weight, levels=tuple(levels), zero_at_zero_advantage=zero_at_zero_advantage)
+    defined at (LossConfig refuses the others), whether its gradient is the hard clip's when every ratio is 1
+    (``hard_at_ratio_one``: a bool, or a function of the LossConfig; read by :func:`needs_stale_ratios`), and whether
+    a unit with A = 0 is inert under it (:func:`zero_at_zero_advantage`)."""
+    return RULES.register(
+        name,
+        weight=weight,
+        levels=tuple(levels),
+        hard_at_ratio_one=hard_at_ratio_one,
+        zero_at_zero_advantage=zero_at_zero_advantage,
+    )
+
+
+def needs_stale_ratios(cfg: LossConfig) -> bool:
+    """Whether rule ``cfg.rule`` can act only where a ratio is not 1: True when its gradient equals the hard clip's
+    as long as every ratio is 1, so that in a schedule with no stale update (one optimizer step per rollout, old
+    log-probs recomputed by the learner itself) it *is* the hard clip and the run measures nothing of it.
+
+    False for ``hard`` itself, for ``clip_cov`` (it drops tokens chosen by covariance, whatever their ratio) and for
+    ``noisy_decision`` / ``clean_decision`` with ``ratio_noise`` > 0 (their executor r xi moves every token's
+    weight). tests/test_objectives.py checks each rule's declaration against its gradient at ratio 1. The plug-ins
+    refuse such a rule in such a schedule (nsr.trl, nsr.verl, nsr.openrlhf.launch)."""
+    if cfg.rule == "hard":
+        return False
+    same = RULES.info(cfg.rule)["hard_at_ratio_one"]
+    return bool(same(cfg) if callable(same) else same)
 
 
 def zero_at_zero_advantage(rule: str) -> bool:
@@ -236,7 +262,7 @@ def nsr_pushout(x: RuleInput) -> RuleOutput:
     return RuleOutput(loss, low, high, rescued=rescued, pushed=pushed)
 
 
-@register_rule("noisy_decision", weight=theory.weight_noisy_decision)
+@register_rule("noisy_decision", weight=theory.weight_noisy_decision, hard_at_ratio_one=lambda c: c.ratio_noise == 0)
 def noisy_decision(x: RuleInput) -> RuleOutput:
     """Judge = executor = r xi, xi ~ U(1 - sigma, 1 + sigma) a constant (docs/method.md intervention 2):
     L = -min(r xi A, clip(r xi) A)."""
@@ -245,7 +271,7 @@ def noisy_decision(x: RuleInput) -> RuleOutput:
     return RuleOutput(ppo_loss(r_noisy, x.adv, x.cfg), low, high)
 
 
-@register_rule("clean_decision", weight=theory.weight_hard)
+@register_rule("clean_decision", weight=theory.weight_hard, hard_at_ratio_one=lambda c: c.ratio_noise == 0)
 def clean_decision(x: RuleInput) -> RuleOutput:
     """Judge = clean r, executor = r xi (docs/method.md intervention 2): a kept unit's loss is -A r xi, a clipped
     one keeps the hard-clip value. E[xi] = 1, so its expected weight is hard's."""

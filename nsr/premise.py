@@ -94,6 +94,9 @@ class PremiseMeter:
         self.device = None if device is None else torch.device(device)
         self.acc: torch.Tensor | None = None
         self.tokens: torch.Tensor | None = None
+        """Valid tokens added since the last reset (0-dim, on the meter's device)."""
+        self.tokens_adv: torch.Tensor | None = None
+        """Those of them with a nonzero advantage (the tokens a policy-gradient update moves)."""
         if self.device is not None:
             self.reset()
 
@@ -103,6 +106,7 @@ class PremiseMeter:
         dev = self.device if self.device is not None else (self.acc.device if self.acc is not None else "cpu")
         self.acc = torch.zeros(shape, dtype=torch.float64, device=dev)
         self.tokens = torch.zeros((), dtype=torch.float64, device=dev)
+        self.tokens_adv = torch.zeros((), dtype=torch.float64, device=dev)
 
     def add(
         self,
@@ -131,6 +135,7 @@ class PremiseMeter:
             self.reset()
         self.acc += counts
         self.tokens += mask.sum()
+        self.tokens_adv += (mask.bool() & (adv.reshape(len(adv), -1).expand_as(mask) != 0)).sum()
 
     def counts(self) -> torch.Tensor:
         """The (2, 3, N_BINS + 1) float64 counts so far (on the meter's device, not copied)."""
@@ -140,12 +145,16 @@ class PremiseMeter:
 
     def row(self, step: int) -> dict:
         """The ratio_bins.jsonl row of ``step`` (one read of the counts): step, delta, executor, and per side the
-        clipped and rescued counts and the weight sums (rounded to 6 decimals) of the N_BINS + 1 bins."""
-        return counts_row(self.counts().cpu(), step, self.cfg)
+        clipped and rescued counts and the weight sums (rounded to 6 decimals) of the N_BINS + 1 bins; the valid
+        tokens and those with a nonzero advantage."""
+        packed = torch.cat([self.counts().reshape(-1), self.tokens.reshape(1), self.tokens_adv.reshape(1)]).cpu()
+        return counts_row(packed[:-2].reshape(self.acc.shape), step, self.cfg, packed[-2], packed[-1])
 
 
-def counts_row(counts: torch.Tensor, step: int, cfg: LossConfig) -> dict:
-    """The ratio_bins.jsonl row of (2, 3, N_BINS + 1) ``counts`` (host tensor) at ``step``."""
+def counts_row(counts: torch.Tensor, step: int, cfg: LossConfig, tokens=None, tokens_adv=None) -> dict:
+    """The ratio_bins.jsonl row of (2, 3, N_BINS + 1) ``counts`` (host tensor) at ``step``; with ``tokens`` (the
+    valid tokens the counts are over) and ``tokens_adv`` (those with a nonzero advantage) when given (older rows
+    have neither)."""
     out = {"step": step, "delta": cfg.delta, "executor": cfg.executor}
     for side, name in enumerate(SIDES):
         for j, what in enumerate(FIELDS):
@@ -153,6 +162,9 @@ def counts_row(counts: torch.Tensor, step: int, cfg: LossConfig) -> dict:
             out[f"{name}_{what}"] = (
                 [round(v, 6) for v in vals.tolist()] if what == "weight" else [int(v) for v in vals.tolist()]
             )
+    for key, value in (("tokens", tokens), ("tokens_adv", tokens_adv)):
+        if value is not None:
+            out[key] = int(round(float(value)))
     return out
 
 

@@ -55,9 +55,15 @@ from nsr.objectives import RuleInput, RuleOutput, ppo_loss, register_rule
 TOKEN_ONLY = ("token",)
 
 
-def register(name: str, weight=None, zero_at_zero_advantage: bool = True):
+def register(name: str, weight=None, hard_at_ratio_one=True, zero_at_zero_advantage: bool = True):
     """``register_rule`` at token level only: LossConfig refuses ``level: sequence`` for these rules."""
-    return register_rule(name, weight=weight, levels=TOKEN_ONLY, zero_at_zero_advantage=zero_at_zero_advantage)
+    return register_rule(
+        name,
+        weight=weight,
+        levels=TOKEN_ONLY,
+        hard_at_ratio_one=hard_at_ratio_one,
+        zero_at_zero_advantage=zero_at_zero_advantage,
+    )
 
 
 # ------------------------------------------------------------------ GPPO and CE-GPPO
@@ -186,7 +192,7 @@ def first_k(
     return chosen.view_as(key)
 
 
-@register("clip_cov", zero_at_zero_advantage=False)
+@register("clip_cov", hard_at_ratio_one=False, zero_at_zero_advantage=False)
 def clip_cov(x: RuleInput) -> RuleOutput:
     """Clip-Cov (The Entropy Mechanism of RL for Reasoning LMs, arXiv 2505.22617): the PPO min-form, and k =
     max(floor(clip_cov_frac x n_valid), 1) tokens drawn at random among the unclipped valid tokens whose centred

@@ -3,9 +3,15 @@
     python -m slurm.submit sweeps/delta.yaml --dry-run                 # list runs, their overrides and the plan
     python -m slurm.submit delta                                       # the whole grid on the sweep's preset
     python -m slurm.submit delta --preset tiny --max-parallel 2        # the CPU testbed version, 2 at a time
-    python -m slurm.submit delta --only nsr-delta0.2-s0-3f2a9c1e       # rerun one (see --dry-run for ids)
+    python -m slurm.submit delta --only nsr-delta0.2-s0-4e647725       # rerun one (see --dry-run for ids)
+    python -m slurm.submit delta --preset tiny --only nsr-delta0.2-s0-ff416816   # the same grid point on tiny
     python -m slurm.submit delta --preset tiny-smoke --cluster local   # no SLURM: local processes, waits
     python -m slurm.status delta                                       # where each run is
+
+A run id is ``<arm>-s<seed>-<8 hex of the run's config hash>``; the preset is part of the config, so one grid point
+has an id per preset (above: delta's nsr-delta0.2-s0 on its own preset and with --preset tiny): take ids from a
+--dry-run with the same --preset. Folders made under an older identity scheme keep their names, and those ids still
+resolve (docs/design.md, "Run identity").
 
 Every run of the sweep is expanded and validated (experiments.sweep.expand) and the site file is checked before anything
 is submitted. Run folders (results/runs/<sweep>/<run_id>, or --out-root) decide what is sent:
@@ -212,6 +218,17 @@ def plan(specs: list[RunSpec], out_root: Path, retry_failed: bool, live: dict[st
 
 # ---------------------------------------------------------------- submission
 @dataclass
+class Refusal:
+    """Why the real submit would refuse (a dry run's finding): ``why`` for the runs ``run_ids``, and ``fix``."""
+
+    why: str
+    run_ids: list[str]
+    fix: str
+    per_run: dict[str, str] = field(default_factory=dict)
+    """{run id: why this run} where it says more than ``why``."""
+
+
+@dataclass
 class Submission:
     sweep: str
     decisions: list[Decision]
@@ -225,6 +242,8 @@ class Submission:
     resources: dict[str, dict] = field(default_factory=dict)
     """{preset: the resources each of its tasks requests} (:func:`resources`; a batch of tiny runs asks for more
     time)."""
+    refusals: list[Refusal] = field(default_factory=list)
+    """A dry run: what the real submit would refuse (it then submits nothing), each with the command that fixes it."""
 
     @property
     def submitted(self) -> list[Decision]:
@@ -365,8 +384,13 @@ def submit(
         raise ConfigError(f"batch_size={batch_size!r} is not valid; allowed: an integer >= 1 (1: a task per run)")
     sw = load_sweep(sweep)
     specs = expand(sw, preset=preset, presets_dir=Path(presets_dir) if presets_dir else None)
-    if not dry_run:
+    template = None
+    try:
         check_ready(sw)
+    except SweepError as e:
+        if not dry_run:
+            raise
+        template = str(e)
     if only:
         ids = {s.run_id for s in specs}
         missing = [r for r in only if r not in ids]
@@ -396,25 +420,26 @@ def submit(
         except queue.QueueError as e:
             if cluster == "slurm" and not dry_run:
                 raise
-            sub.notes.append(f"queue not checked ({e})")
+            need = (
+                "; the real submit needs SLURM here (squeue, sbatch), or --cluster local" if cluster == "slurm" else ""
+            )
+            sub.notes.append(f"queue not checked ({e}){need}")
     root = Path(out_root) if out_root else RUNS_ROOT
     sub.decisions = plan(specs, root, retry_failed, live)
     sub.plans = _resource_plans(sub.decisions if dry_run else sub.submitted, res_of)
-    if dry_run or not sub.submitted:
+    logs = Path(log_dir) if log_dir else LOG_ROOT / sub.sweep
+    if dry_run:
         sub.tasks = len(pack(sub.submitted, batch_size))  # what would be sent (pack keys include the preset)
+        sub.refusals = _refusals(sub, template, logs)
         return sub
-    short = [pl for pl in sub.plans if not pl.rows_ok]
+    if not sub.submitted:
+        return sub
+    short = _short_of_rows(sub)
     if short:  # refused here, not inside a GPU allocation
-        pl = short[0]
-        have = "no training data file" if pl.rows_written is None else f"{pl.rows_written} rows"
-        raise ConfigError(
-            f"{pl.run_id}: needs {pl.rows_needed} prompt rows and finds {have} ({len(short)} runs short); nothing "
-            "was submitted; write them with: python -m experiments.openrlhf.data (docs/cluster.md)"
-        )
+        raise ConfigError(f"{short.why}; nothing was submitted; fix: {short.fix} (docs/cluster.md)")
 
     import submitit
 
-    logs = Path(log_dir) if log_dir else LOG_ROOT / sub.sweep
     for folder in sorted({d.out.parent for d in sub.submitted} | {logs}):  # before any job is sent
         _check_writable(folder)
     for p in groups:
@@ -439,6 +464,61 @@ def submit(
             sub.jobs += _run_here(ex, tasks, res, cluster, logs, max_parallel, batch_size)
         sub.tasks += len(tasks)
     return sub
+
+
+def _short_of_rows(sub: Submission) -> Refusal | None:
+    """The runs to submit whose training prompt file is missing or short (their backend's plan), as a Refusal."""
+    submitted = {d.spec.run_id: d.spec for d in sub.submitted}
+    short = [pl for pl in sub.plans if pl.run_id in submitted and not pl.rows_ok]
+    if not short:
+        return None
+    from experiments.openrlhf.data import fix_commands
+
+    pl = short[0]
+    have = "no training data file" if pl.rows_written is None else f"{pl.rows_written} rows"
+    why = (
+        f"{len(short)} runs short of training prompt rows (e.g. {pl.run_id} needs {pl.rows_needed} and finds {have}: "
+        f"{submitted[pl.run_id].config.task.train_data})"
+    )
+    fix = "; ".join(fix_commands([submitted[p.run_id].config for p in short]))
+    per_run = {
+        p.run_id: f"short of training prompt rows: needs {p.rows_needed}, finds "
+        + ("no file" if p.rows_written is None else str(p.rows_written))
+        for p in short
+    }
+    return Refusal(why, [p.run_id for p in short], fix, per_run)
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why ``folder`` could not be created and written (its nearest existing ancestor is not a writable folder), or
+    None; creates nothing."""
+    p = folder.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        return f"{p} is not a folder"
+    if not os.access(p, os.W_OK | os.X_OK):
+        return f"{p} is not writable"
+    return None
+
+
+def _refusals(sub: Submission, template: str | None, logs: Path) -> list[Refusal]:
+    """What the real submit of a dry run's plan would refuse, in the order it checks: a template sweep, runs short of
+    training data, folders it cannot write. Only runs it would send count (done or running ones are skipped)."""
+    out = []
+    ids = [d.spec.run_id for d in sub.decisions]
+    if template is not None:
+        out.append(Refusal(f"the sweep is a template ({template})", ids, "fill in its values and set status: ready"))
+    if sub.submitted:
+        short = _short_of_rows(sub)
+        if short:
+            out.append(short)
+        for folder in sorted({d.out.parent for d in sub.submitted} | {logs}):
+            why = _unwritable(folder)
+            if why:
+                out.append(Refusal(f"cannot write {folder} ({why})", [d.spec.run_id for d in sub.submitted],
+                                   "a writable --out-root and --log-dir"))  # fmt: skip
+    return out
 
 
 def _check_writable(folder: Path) -> None:
@@ -574,9 +654,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     width = max((len(d.spec.run_id) for d in sub.decisions), default=0)
+    refused = {}
+    for r in sub.refusals:
+        for run_id in r.run_ids:
+            refused.setdefault(run_id, r.per_run.get(run_id, r.why))
     for d in sub.decisions:
         verb = ("would submit" if args.dry_run else "submit") if d.submit else "skip"
-        print(f"{verb:12s} {d.spec.run_id:{width}s}  {d.reason}")
+        reason = d.reason
+        if d.spec.run_id in refused:
+            verb, reason = "refused", f"{d.reason}; the submit refuses it: {refused[d.spec.run_id]}"
+        print(f"{verb:12s} {d.spec.run_id:{width}s}  {reason}")
         if args.dry_run:
             print(f"{'':12s} {'':{width}s}  preset {d.spec.meta['preset']}: {_overrides_text(d.spec)}")
     for note in sub.notes:
@@ -586,6 +673,13 @@ def main(argv: list[str] | None = None) -> int:
         _print_plans(sub.plans)
         for p, res in sub.resources.items():
             print(f"resources {p}: {_resources_text(res)}")
+        if sub.refusals:  # the last line: how many, why, the fix; exit as the real submit would (2)
+            why = "; ".join(r.why for r in sub.refusals)
+            fix = "; then ".join(r.fix for r in sub.refusals)
+            n = len({i for r in sub.refusals for i in r.run_ids})
+            print(f"dry run: {len(sub.decisions)} runs; the submit would refuse {n} of them and submit nothing: {why}; "
+                  f"fix: {fix}")  # fmt: skip
+            return 2
         print(f"dry run: {len(sub.decisions)} runs, {n_sub} would be submitted in {sub.tasks} tasks, {n_skip} skipped")
         return 0
     arrays = f" as job array {', '.join(sub.arrays)}" if sub.arrays else ""

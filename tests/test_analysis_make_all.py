@@ -369,3 +369,28 @@ def test_notes_on_sweeps_name_files_from_the_repo_wherever_it_lies(tmp_path):
     _, notes = sweep_members(pd.DataFrame({"meta.preset": ["smollm2-trl-cpu"]}), sweeps, sweeps / "presets")
     assert notes and all("not expanded" in n for n in notes)
     assert not any(str(tmp_path) in n for n in notes) and "sweeps/dgg.yaml" in notes[0]
+
+
+def test_notes_are_one_line_per_sweep_unless_verbose(capsys):
+    """The notes load_runs makes when a sweep's configs are not valid on a preset the runs were made with (here the
+    real ones: every sweep file against the tiny and smollm2-trl-cpu presets) print as one line per sweep, naming the
+    presets; --verbose prints each in full; other notes pass unchanged."""
+    import pandas as pd
+
+    from analysis.load import sweep_members
+    from experiments.sweep import PRESETS_DIR, SWEEPS_DIR
+
+    runs = pd.DataFrame({"meta.preset": ["smollm2-trl-cpu", "tiny-regime"]})
+    _, notes = sweep_members(runs, SWEEPS_DIR, PRESETS_DIR)
+    swept = sorted({n.split(" ")[0] for n in notes})
+    assert "dgg" in swept and all("not expanded" in n for n in notes)
+    other = "3 legacy run(s) made by older code"
+    lines = make_all.note_lines([*notes, other])
+    assert lines[0] == other and len(lines) == 1 + len(swept)
+    for sweep, line in zip(swept, sorted(lines[1:])):
+        presets = sorted({n.split("(preset ")[1].split(")")[0] for n in notes if n.startswith(f"{sweep} ")})
+        assert line == (f"{sweep}: not matched against the runs of preset {', '.join(presets)}: its configs are not "
+                        "valid on that preset (--verbose or tables/status.md say why)")  # fmt: skip
+    assert make_all.note_lines([*notes, other], verbose=True) == [*notes, other]
+    make_all.print_status({}, notes)
+    assert capsys.readouterr().out.count("  note: ") == len(swept)

@@ -440,6 +440,28 @@ def test_every_rule_is_defined_at_its_registered_levels():
     assert all(nsr.RULES.info(n)["levels"] == ("token", "sequence") for n in ("hard", "nsr", "cispo", "noclip"))
 
 
+@pytest.mark.parametrize("ratio_noise", [0.0, 0.1])
+def test_needs_stale_ratios_is_the_rules_gradient_at_ratio_one(ratio_noise):
+    """Every rule's declaration (nsr.needs_stale_ratios) against its gradient when every ratio is 1 (old = log pi):
+    a rule needs stale ratios exactly when that gradient is the hard clip's, at every level it is defined at."""
+    logp, _, adv, mask = make_batch(B=6, T=9)
+    logp = logp.double()
+    for name in nsr.RULES:
+        for level in nsr.RULES.info(name)["levels"]:
+            noise = ratio_noise if "decision" in name else 0.0
+            cfg = nsr.LossConfig(rule=name, level=level, ratio_noise=noise)
+            grads = []
+            for c in (cfg, nsr.LossConfig(level=level)):
+                lp = logp.detach().clone().requires_grad_()
+                loss, _ = nsr.policy_loss(lp, lp.detach(), adv.double(), mask, c, torch.Generator().manual_seed(0))
+                (g,) = torch.autograd.grad(loss.sum(), lp)
+                grads.append(g)
+            same = torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+            assert nsr.needs_stale_ratios(cfg) == (same and name != "hard"), (name, level, noise)
+    assert not nsr.needs_stale_ratios(nsr.LossConfig(rule="clip_cov"))
+    assert nsr.needs_stale_ratios(nsr.LossConfig(rule="nsr"))
+
+
 def test_expected_weight_has_the_rules_of_the_registry():
     """The weights are registered with the rules, so expected_weight knows exactly the registered names."""
     for name in ("hard", "nsr", "soft", "pushout", "nsr_pushout", "noisy_decision", "clean_decision", "cispo",

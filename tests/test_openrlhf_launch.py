@@ -34,6 +34,24 @@ def test_a_preset_command_passes_every_check():
     assert settings.rule == "nsr" and settings.max_steps == 400 and "--ckpt.max_num" in rest
 
 
+def test_one_step_per_rollout_is_refused_by_the_launcher():
+    """A plain OpenRLHF command (not built by the kit) with one optimizer step per rollout: every ratio is 1, so a rule
+    that needs stale ratios is refused naming the flags; hard, --train.max_epochs 2 and --nsr.allow_on_policy pass.
+    The kit's train.allow_on_policy=true command carries --nsr.allow_on_policy."""
+    one = ["--train.batch_size", "8192"]  # 512 prompts x 16 samples: the whole rollout in one step
+    argv = _argv("loss.rule=nsr")
+    want = r"--rollout\.batch_size 512 x --rollout\.n_samples_per_prompt 16 / --train\.batch_size 8192 x "
+    with pytest.raises(launch.LaunchError, match=want + r"--train\.max_epochs 1 = 1 optimizer step"):
+        launch.prepare(argv + one)
+    launch.prepare(argv + one + ["--nsr.allow_on_policy", "true"])
+    launch.prepare(argv + one + ["--train.max_epochs", "2"])
+    launch.prepare(_argv("loss.rule=hard") + one)
+    kit = _argv("openrlhf.train_batch_size=8192", "train.minibatches=1", "train.epochs=1", "train.allow_on_policy=true",
+                "loss.rule=nsr")  # fmt: skip
+    assert "--nsr.allow_on_policy" in kit
+    launch.prepare(kit)
+
+
 REFUSED = [
     (("loss.rule=nsr",), ["--ds.ring_attn_size", "2"], "--ds.ring_attn_size=2 is not supported.*allowed: 1"),
     (("loss.rule=nsr",), ["--ds.tensor_parallel_size", "2"], "--ds.tensor_parallel_size=2 is not supported"),
@@ -124,6 +142,7 @@ def test_every_config_field_is_a_flag_except_those_openrlhf_sets():
     loss = {f"--nsr.{f.name}" for f in dataclasses.fields(LossConfig) if f.name not in mapping.FROM_OPENRLHF}
     adv = {f"--nsr.adv_{f.name}" for f in dataclasses.fields(AdvantageConfig)}
     own = {"--nsr.metrics_path", "--nsr.max_steps", "--nsr.dgg", "--nsr.dgg_k", "--nsr.dgg_window"}
+    own |= {"--nsr.allow_on_policy"}
     assert parser_flags == loss | adv | own
 
 

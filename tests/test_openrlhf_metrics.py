@@ -127,10 +127,10 @@ def test_premise_counts_travel_through_openrlhfs_log_and_tensorboard(tmp_path):
     tb = TensorboardLogger(args)
     for step in (1, 2):
         logs = {**_step_logs(step), **premise_logs(_counts(step).tolist(), 1000.0 + step)}
-        assert premise_row_from_logs(step, logs, loss) == counts_row(_counts(step), step, loss)
+        assert premise_row_from_logs(step, logs, loss) == counts_row(_counts(step), step, loss, 1000 + step)
         assert logs["nsr_premise_tokens"] == 1000.0 + step and len([k for k in logs if "premise" in k]) == 67
         tb.log_train(step, logs)
     tb.log_train(3, _step_logs(3))
     tb.close()
     assert premise_row_from_logs(3, _step_logs(3), loss) is None
-    assert ratio_bins_from_tensorboard(tmp_path, loss) == [counts_row(_counts(s), s, loss) for s in (1, 2)]
+    assert ratio_bins_from_tensorboard(tmp_path, loss) == [counts_row(_counts(s), s, loss, 1000 + s) for s in (1, 2)]

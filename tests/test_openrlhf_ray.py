@@ -277,7 +277,7 @@ def test_controller_writes_one_metrics_row_per_step(orl, tmp_path):
     for step in (3, 4):
         controller.save_logs_and_checkpoints(step, logs, {})
     bins = [json.loads(line) for line in (tmp_path / "ratio_bins.jsonl").read_text().splitlines()]
-    assert bins == [counts_row(counts, step, controller._nsr_loss) for step in (3, 4)]
+    assert bins == [counts_row(counts, step, controller._nsr_loss, 500) for step in (3, 4)]
     assert (bins[0]["delta"], bins[0]["executor"]) == (settings.loss_config().delta, settings.loss_config().executor)
 
 

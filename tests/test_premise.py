@@ -80,13 +80,14 @@ def test_row_is_the_ratio_bins_format_and_reset_starts_a_step():
     row = meter.row(3)
     assert list(row) == ["step", "delta", "executor"] + [
         f"{s}_{w}" for s in ("pos", "neg") for w in ("clipped", "rescued", "weight")
-    ]
+    ] + ["tokens", "tokens_adv"]
     assert row["step"] == 3 and row["delta"] == 0.2 and row["executor"] == "noisy"
+    assert row["tokens"] == mask.sum().item() and row["tokens_adv"] == (mask & (adv[:, :1] != 0)).sum().item()
     assert all(len(row[k]) == N_BINS + 1 for k in row if k.endswith(("clipped", "rescued", "weight")))
     assert all(isinstance(v, int) for v in row["pos_clipped"] + row["neg_rescued"])
     assert sum(row["pos_clipped"]) + sum(row["neg_clipped"]) > 0
     meter.reset()
-    assert meter.counts().sum() == 0 and meter.tokens.item() == 0
+    assert meter.counts().sum() == 0 and meter.tokens.item() == 0 and meter.tokens_adv.item() == 0
     assert counts_row(meter.counts(), 4, cfg)["pos_weight"] == [0.0] * (N_BINS + 1)
 
 
@@ -178,7 +179,7 @@ def _trl_path(cfg, batch) -> tuple[torch.Tensor, torch.Tensor]:
     args = GRPOConfig(
         output_dir="/nonexistent-not-written", use_cpu=True, report_to="none", disable_tqdm=True, seed=0,
         per_device_train_batch_size=B, num_generations=2, max_completion_length=T, logging_steps=1, max_steps=1,
-        save_strategy="no", epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, loss_type="dapo",
+        save_strategy="no", epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, loss_type="dapo", num_iterations=2,
     )  # fmt: skip
     trainer = NSRGRPOTrainer(
         model=trl_tiny.dense_lm(), reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
@@ -211,9 +212,9 @@ def _openrlhf_path(cfg, batch) -> tuple[torch.Tensor, torch.Tensor]:
     lp = logp.clone().requires_grad_()
     loss = fn(lp, old, adv[:, None].expand_as(lp) * mask, action_mask=mask.long())[0]
     loss.backward()
-    counts, tokens = fn.premise.counts(), fn.premise.tokens
-    logs = premise_logs(counts.tolist(), tokens.item())
-    assert premise_row_from_logs(1, logs, fn.cfg) == counts_row(counts, 1, cfg)
+    counts, tokens, tokens_adv = fn.premise.counts(), fn.premise.tokens, fn.premise.tokens_adv
+    logs = premise_logs(counts.tolist(), tokens.item(), tokens_adv.item())
+    assert premise_row_from_logs(1, logs, fn.cfg) == counts_row(counts, 1, cfg, tokens, tokens_adv)
     return counts, tokens
 
 
@@ -236,7 +237,10 @@ def _verl_rates(cfg, batch) -> dict[str, float]:
     fn = core_algos.get_policy_loss_fn(f"nsr:{cfg.rule}")
     _, met = fn(old_log_prob=old, log_prob=lp, advantages=adv[:, None].expand_as(lp) * mask, response_mask=mask,
                 loss_agg_mode="token-mean", config=actor)  # fmt: skip
-    return {k.removeprefix("actor/premise/"): float(v) for k, v in met.items() if k.startswith("actor/premise/")}
+    rates_only = {
+        k: v for k, v in met.items() if not k.startswith("actor/premise/n_")
+    }  # the counts: tests/test_verl.py
+    return {k.removeprefix("actor/premise/"): float(v) for k, v in rates_only.items() if k.startswith("actor/premise/")}
 
 
 @pytest.mark.parametrize("rule", ["soft", "nsr", "hard"])

@@ -173,6 +173,7 @@ namespace = {}
 exec(compile(sys.stdin.read(), "README.md (job 4, TRL)", "exec"), namespace)
 trainer = namespace["trainer"]
 print(json.dumps({"type": type(trainer).__name__, "rule": trainer.nsr_loss.rule, "delta": trainer.nsr_loss.delta,
+                  "eps": [trainer.nsr_loss.eps_low, trainer.nsr_loss.eps_high],
                   "steps": trainer.state.global_step, "log": trainer.state.log_history}))
 """
 
@@ -181,7 +182,7 @@ print(json.dumps({"type": type(trainer).__name__, "rule": trainer.nsr_loss.rule,
 def test_the_readmes_trl_script_trains_as_pasted_on_a_tiny_model(tmp_path):
     """The README's TRL script, its model id replaced by a tiny local Qwen2 folder (tests/trl_tiny.py) and nothing
     else, run in a fresh process in an empty folder: NSRGRPOTrainer trains its 2 steps with NSR and logs NSR's
-    metrics. About 20 s."""
+    metrics, with the GRPOConfig's trust region (set once, there). About 20 s."""
     pytest.importorskip("trl", reason="trl is installed by `make venv` (trl==1.16.0)")
     import trl_tiny
 
@@ -196,6 +197,7 @@ def test_the_readmes_trl_script_trains_as_pasted_on_a_tiny_model(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (got["type"], got["rule"], got["delta"], got["steps"]) == ("NSRGRPOTrainer", "nsr", 0.2, 2)
+    assert got["eps"] == [0.2, 0.28]  # the trust region is the GRPOConfig's (epsilon default, epsilon_high set)
     last = got["log"][-1]
     assert {"nsr/clip_frac", "nsr/rescue_frac", "train_loss"} <= set(last)
     assert (work / "nsr-grpo").is_dir()  # the output_dir of the script, relative to where it runs

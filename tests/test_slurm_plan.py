@@ -266,9 +266,13 @@ def test_bad_sweep_value_submits_nothing(tmp_path):
 
 
 def test_dry_run_prints_the_resource_plan_of_every_openrlhf_run(capsys):
-    assert main(["main", "--dry-run"]) == 0
+    from experiments.openrlhf.plan import plan_run
+
+    specs = expand("main")
+    short = [s.run_id for s in specs if not plan_run(s.config).rows_ok]  # no training data in a fresh checkout
+    assert main(["main", "--dry-run"]) == (2 if short else 0)
     out = capsys.readouterr().out
-    ids = [s.run_id for s in expand("main")]
+    ids = [s.run_id for s in specs]
     plan_lines = [line for line in out.splitlines() if line.startswith("plan ") and not line.startswith("plan total")]
     assert sorted(line.split(":")[0][5:] for line in plan_lines) == sorted(ids)
     assert all(
@@ -282,9 +286,49 @@ def test_submit_refuses_openrlhf_runs_short_of_data_rows(tmp_path):
     data.write_text('{"prompt": "1+1", "label": "2"}\n' * 10)  # 10 rows; the 7B preset's 400 steps need far more
     sw = tmp_path / "short.yaml"
     sw.write_text(f"preset: qwen2.5-math-7b-dapo\nbase: {{task.train_data: {data}}}\narms: {{hard: {{}}}}\n")
-    with pytest.raises(ConfigError, match=r"needs \d+ prompt rows and finds 10 rows .*nothing was submitted"):
+    want = r"1 runs short of training prompt rows \(e\.g\. hard-s0-\w+ needs \d+ and finds 10 rows: .*\); "
+    with pytest.raises(ConfigError, match=want + r"nothing was submitted; fix: write \d+ prompt rows to"):
         submit(sw, cluster="local", out_root=tmp_path / "runs", log_dir=tmp_path / "logs")
     assert not (tmp_path / "logs").exists()
+
+
+def test_dry_run_exits_as_the_submit_would_and_says_why_and_the_fix(tmp_path, capsys):
+    """A dry run of runs the submit refuses: each run line says refused and why, the last line how many, why and the
+    command that fixes it, exit 2 (the submit's); nothing is written. Runs of the cluster preset on a training file
+    named after experiments.openrlhf.data's source: its command; a template sweep: what to do."""
+    from experiments.openrlhf.plan import rows_needed
+
+    data = tmp_path / "data" / "dapo-math-17k.jsonl"
+    sw = tmp_path / "short.yaml"
+    arms = "arms: {hard: {}, nsr: {loss.rule: nsr}}"
+    sw.write_text(f"preset: qwen2.5-math-7b-dapo\nbase: {{task.train_data: {data}}}\n{arms}\n")
+    argv = [str(sw), "--dry-run", "--out-root", str(tmp_path / "runs"), "--log-dir", str(tmp_path / "logs")]
+    assert main(argv) == 2
+    out = capsys.readouterr().out.splitlines()
+    specs = expand(sw)
+    need = rows_needed(specs[0].config)
+    for s in specs:
+        (line,) = [x for x in out if x.startswith(("refused", "would")) and s.run_id in x]
+        assert line.startswith("refused") and f"short of training prompt rows: needs {need}, finds no file" in line
+    n = len(specs)
+    assert out[-1] == (
+        f"dry run: {n} runs; the submit would refuse {n} of them and submit nothing: {n} runs "
+        f"short of training prompt rows (e.g. {specs[0].run_id} needs {need} and finds no training data file: {data}); "
+        f"fix: python -m experiments.openrlhf.data --only dapo-math-17k --out {data.parent} --rows {need}"
+    )
+    data.parent.mkdir()
+    data.write_text('{"prompt": "1+1", "label": "2"}\n' * need)  # the fix: the dry run now says yes
+    assert main(argv) == 0 and capsys.readouterr().out.splitlines()[-1].startswith(
+        f"dry run: {len(specs)} runs, 2 would"
+    )
+    template = tmp_path / "template.yaml"
+    template.write_text("status: template\npreset: tiny-smoke\narms: {hard: {}}\n")
+    assert main([str(template), "--dry-run", "--out-root", str(tmp_path / "runs")]) == 2
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "the submit would refuse 1 of them" in last and last.endswith(
+        "fix: fill in its values and set status: ready"
+    )
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "logs").exists()
 
 
 # ---------------------------------------------------------------- no sweep that fails after submission

@@ -127,6 +127,29 @@ def test_rerun_finds_the_preset_from_the_run_id():
         resolve_run("delta", spec.run_id[:-8] + "00000000")
 
 
+def test_an_id_of_another_preset_is_named_and_help_shows_ids_that_exist(capsys):
+    """An id of the sweep's own preset given with --preset tiny (and the reverse) is refused naming its preset and the
+    fix; experiments.run --sweep S --run ID without --preset says which preset it found; every id slurm.submit's
+    --help shows resolves under the preset its line names."""
+    from experiments.run import main as run_main
+    from slurm import submit
+
+    own, tiny = expand("delta")[4], expand("delta", preset="tiny")[4]
+    with pytest.raises(SweepError, match=rf"{own.run_id!r} is a run of preset 'qwen2.5-math-7b-dapo', not of --preset "
+                                         r"tiny .*; drop --preset \(it is the sweep's own preset\)"):  # fmt: skip
+        resolve_run("delta", own.run_id, preset="tiny")
+    with pytest.raises(SweepError, match=rf"{tiny.run_id!r} is a run of preset 'tiny', not of --preset tiny-regime"
+                                         r".*; use --preset tiny$"):  # fmt: skip
+        resolve_run("delta", tiny.run_id, preset="tiny-regime")
+    assert run_main(["--sweep", "delta", "--run", tiny.run_id, "--dry-run"]) == 0
+    assert f"run {tiny.run_id}: a run of preset tiny (found without --preset)" in capsys.readouterr().err
+    shown = re.findall(r"python -m slurm\.submit (\w+)( --preset [\w-]+)? --only ([\w.-]+)", submit.__doc__)
+    assert len(shown) == 2
+    for sweep, preset, run_id in shown:
+        preset = preset.split()[-1] if preset else None
+        assert resolve_run(sweep, run_id, preset=preset).run_id == run_id
+
+
 def test_resolve_unknown_run_lists_close_ids():
     runs = expand("delta", preset="tiny")
     typo = runs[3].run_id[:-1] + "x"

@@ -94,9 +94,10 @@ def test_ratio_bins_log_what_the_rule_did_with_clipped_tokens(nsr_run, hard_run)
     from nsr.premise import counts_row
 
     bins = {name: read_jsonl(rd.log_path("ratio_bins.jsonl")) for name, rd in (("hard", hard_run), ("nsr", nsr_run))}
-    fields = set(counts_row(torch.zeros(2, 3, 11), 1, nsr.LossConfig()))
+    fields = set(counts_row(torch.zeros(2, 3, 11), 1, nsr.LossConfig(), 1, 1))  # with the token counts
     for name, rows in bins.items():
         assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(set(r) == fields for r in rows), name
+        assert all(0 < r["tokens_adv"] <= r["tokens"] for r in rows), name
         assert all(r["delta"] == 0.2 and r["executor"] == "noisy" for r in rows)
     assert_rescue_bins(bins["hard"], bins["nsr"], delta=0.2)
     for rd, rows in ((hard_run, bins["hard"]), (nsr_run, bins["nsr"])):  # clipped tokens exist iff TRL saw some
@@ -106,8 +107,9 @@ def test_ratio_bins_log_what_the_rule_did_with_clipped_tokens(nsr_run, hard_run)
 
 
 def test_analysis_premise_reads_the_trl_folder(nsr_run, capsys):
-    """python -m analysis.premise on a trl run folder: reach from its ratio_bins.jsonl, in-zone mass from its clip
-    fractions (tests/test_analysis_premise.py reads tiny folders and a verl log)."""
+    """python -m analysis.premise on a trl run folder: reach and the exact in-zone mass per token from its
+    ratio_bins.jsonl, whose rows hold the step's token counts (tests/test_analysis_premise.py reads tiny and R0
+    folders and framework logs)."""
     import numpy as np
 
     from analysis import premise
@@ -116,12 +118,15 @@ def test_analysis_premise_reads_the_trl_folder(nsr_run, capsys):
     got = premise.read_run(nsr_run.path)
     assert (got["backend"], got["rule"], got["delta"], got["steps"]) == ("trl", "nsr", 0.2, 4)
     bins, metrics = read_jsonl(nsr_run.log_path("ratio_bins.jsonl")), read_jsonl(nsr_run.metrics_path)
-    for side, frac in (("pos", "clip_frac_high"), ("neg", "clip_frac_low")):
-        share = reach_share(np.sum([r[f"{side}_clipped"] for r in bins], axis=0))
+    tokens = sum(r["tokens"] for r in bins)
+    assert got["tokens"] == tokens > 0 and got["per_token"] == "exact" and len(metrics) == 4
+    for side in ("pos", "neg"):
+        hist = np.sum([r[f"{side}_clipped"] for r in bins], axis=0)
+        share = reach_share(hist)
         assert got[f"{side}_reach"] == share and 0 < share <= 1
-        clip = np.mean([r[frac] for r in metrics])
-        assert got[f"{side}_zone_per_token"] == pytest.approx(clip * share, rel=1e-12)
-    assert premise.main([str(nsr_run.path)]) == 0 and f"| {nsr_run.path} | trl | nsr |" in capsys.readouterr().out
+        assert got[f"{side}_zone_per_token"] == pytest.approx(hist[:-1].sum() / tokens, rel=1e-12)
+    assert premise.main([str(nsr_run.path)]) == 0
+    assert f"{nsr_run.path} (run folder: backend trl, rule nsr, eps 0.2 / 0.28" in capsys.readouterr().out
 
 
 def test_killed_run_resumes_to_the_same_rows(nsr_run, tmp_path):
@@ -242,8 +247,53 @@ def test_bad_settings_fail_before_work(run_env, tmp_path):
     with pytest.raises(ValueError, match=r"GRPOConfig\.loss_type='bnpo' is not valid with NSRGRPOTrainer"):
         NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig())
     args = GRPOConfig(output_dir=str(tmp_path), epsilon=0.1, use_cpu=True, report_to="none")
-    with pytest.raises(ValueError, match=r"GRPOConfig\.epsilon=0\.1 is not valid .*0\.2 \(loss\.eps_low\)"):
-        NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig())
+    with pytest.raises(ValueError, match=r"loss\.eps_low=0\.2 and GRPOConfig\.epsilon=0\.1 set the trust region twice"):
+        NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig(eps_low=0.2))
+
+
+def test_no_stale_update_is_refused_naming_both_fields(tmp_path):
+    """TRL's default schedule (num_iterations 1, steps_per_generation = gradient_accumulation_steps): every ratio is 1,
+    so a rule that needs stale ratios is refused before any model work (model=None), naming both fields; hard and
+    clip_cov are not, nor a schedule with a stale update, nor allow_on_policy=True."""
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", gradient_accumulation_steps=2)
+    for rule in ("nsr", "soft", "cispo", "kl_cov"):
+        with pytest.raises(ValueError, match=r"GRPOConfig\.num_iterations=1 with GRPOConfig\.steps_per_generation=2"):
+            NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig(rule=rule))
+    nsr_loss = nsr.LossConfig(rule="nsr")
+    for ok, allow in [(dict(), True), (dict(num_iterations=2), False), (dict(steps_per_generation=4), False)]:
+        ok_args = GRPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, report_to="none", gradient_accumulation_steps=2, **ok
+        )
+        with pytest.raises(AttributeError):  # past every check of the arguments: TRL then reads the model (None)
+            NSRGRPOTrainer(model=None, reward_funcs=[], args=ok_args, loss=nsr_loss, allow_on_policy=allow)
+    for rule in ("hard", "clip_cov"):
+        with pytest.raises(AttributeError):
+            NSRGRPOTrainer(model=None, reward_funcs=[], args=args, loss=nsr.LossConfig(rule=rule))
+
+
+def test_trl_default_clip_range_is_the_trust_region(tmp_path):
+    """GRPOConfig's defaults but num_iterations (epsilon 0.2, epsilon_high None = 0.2) and LossConfig(rule="nsr"): the
+    trainer trains with TRL's range, set once; the premise meter uses it too; an epsilon TRL accepts that no rule
+    can use is refused under TRL's name."""
+    import trl_tiny
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", num_iterations=2, per_device_train_batch_size=4,
+        num_generations=2, max_completion_length=6, max_steps=2, logging_steps=1, save_strategy="no", disable_tqdm=True,
+    )  # fmt: skip
+    trainer = NSRGRPOTrainer(
+        model=trl_tiny.dense_lm(), reward_funcs=lambda completions, **kw: [float(len(c) % 2) for c in completions],
+        args=args, train_dataset=trl_tiny.zen()["train"], processing_class=trl_tiny.char_tokenizer(),
+        loss=nsr.LossConfig(rule="nsr"),
+    )  # fmt: skip
+    assert (trainer.nsr_loss.eps_low, trainer.nsr_loss.eps_high, trainer.nsr_loss.delta) == (0.2, 0.2, 0.2)
+    assert trainer.premise.cfg == trainer.nsr_loss
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "nsr/clip_frac" in h]
+    assert len(logged) == 2 and all(h["premise/pos_clipped_zone"] >= 0 for h in logged)
+    with pytest.raises(ValueError, match=r"GRPOConfig\.epsilon=1\.0 is not valid"):
+        NSRGRPOTrainer(model=None, reward_funcs=[], args=GRPOConfig(output_dir=str(tmp_path), epsilon=1.0,
+                       num_iterations=2, use_cpu=True, report_to="none"), loss=nsr.LossConfig(rule="nsr"))  # fmt: skip
 
 
 def test_math_path_with_a_local_hf_model(run_env, tmp_path):

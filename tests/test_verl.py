@@ -20,6 +20,7 @@ from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 import nsr  # noqa: E402
 import nsr.verl  # noqa: E402
 from nsr.premise import RATE_KEYS  # noqa: E402
+from nsr.verl.plugin import PREMISE_COUNT_KEYS as COUNT_KEYS  # noqa: E402
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 """Every aggregation mode of verl's agg_loss: the plug-in reduces with verl's own agg_loss, so all are shared."""
@@ -87,7 +88,11 @@ def test_nsr_rescues_and_reports_its_metrics():
     assert not torch.equal(grad, hard_grad)  # rescued tokens get a gradient
     assert set(met) == {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} | {
         f"actor/nsr_{k}" for k in nsr.METRIC_KEYS
-    } | {f"actor/premise/{k}" for k in RATE_KEYS}
+    } | {f"actor/premise/{k}" for k in RATE_KEYS} | {f"actor/premise/n_{k}" for k in COUNT_KEYS}
+    t = float(met["actor/premise/n_tokens"])
+    assert t == batch[3].sum().item() and float(met["actor/premise/n_tokens_adv"]) <= t
+    for k in ("pos_clipped_zone", "neg_clipped_deep"):  # the counts are the rates' numerators
+        assert float(met[f"actor/premise/n_{k}"]) == pytest.approx(float(met[f"actor/premise/{k}"]) * t, rel=1e-12)
     again = run("nsr:nsr", actor("nsr:nsr", nsr.verl.NSRPolicyLossConfig(loss_mode="nsr:nsr", seed=7)), batch)
     assert not torch.equal(again[1], grad)  # another seed, other draws
     nsr.verl.plugin._GENERATORS.clear()
@@ -137,6 +142,37 @@ README_LINES = (
     "actor_rollout_ref.actor.policy_loss.loss_mode=nsr:nsr",
 )
 
+
+def _validated(*overrides):
+    """verl's own validate_config (what main_ppo runs before any worker) on verl's trainer config with the two lines,
+    a one-GPU recipe of 8 prompts per step and ``overrides``."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import validate_config
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    base = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "data.train_batch_size=8"]  # fmt: skip
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose("ppo_trainer", overrides=[*base, *README_LINES, *overrides])
+    validate_config(cfg, use_reference_policy=False, use_critic=False)
+
+
+def test_one_update_per_step_is_refused_by_verls_validation():
+    """ppo_epochs 1 with the whole step's batch in one mini-batch: every ratio is 1, so nsr:nsr is refused by verl's
+    own validate_config, naming the fields; a stale update (2 mini-batches, or 2 epochs), nsr:hard, old log-probs from
+    the rollout engine or allow_on_policy pass."""
+    mini = "actor_rollout_ref.actor.ppo_mini_batch_size"
+    with pytest.raises(ValueError, match=r"ppo_epochs=1 with actor_rollout_ref\.actor\.ppo_mini_batch_size=8 and "
+                                         r"data\.train_batch_size=8 is not valid with .*'nsr:nsr'"):  # fmt: skip
+        _validated(f"{mini}=8")
+    _validated(f"{mini}=4")
+    _validated(f"{mini}=8", "actor_rollout_ref.actor.ppo_epochs=2")
+    _validated(f"{mini}=8", "actor_rollout_ref.actor.policy_loss.loss_mode=nsr:hard")
+    _validated(f"{mini}=8", "+actor_rollout_ref.actor.policy_loss.allow_on_policy=true")
+    _validated(f"{mini}=8", "+actor_rollout_ref.actor.use_rollout_log_probs=true")
+
+
 _WORKER = textwrap.dedent(
     """
     import sys, torch, verl
@@ -151,6 +187,12 @@ _WORKER = textwrap.dedent(
     fn = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)
     x = torch.zeros(2, 3)
     loss, met = fn(x, x, torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool), "token-mean", actor)
+    try:  # verl's validate_config calls this right after building the actor config: the import patched it
+        actor.validate(1, actor.ppo_mini_batch_size)
+    except ValueError as e:
+        assert "ppo_epochs=1" in str(e), e
+    else:
+        raise AssertionError("one update per step was not refused")
     print("OK", fn.__name__, float(met["actor/nsr_clip_frac"]))
     """
 )

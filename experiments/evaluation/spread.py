@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the first PROMPTS training problems, SAMPLES completions each")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the result (per-prompt rows, command, load)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)  # overrides before or after options
     cfg = load_config(args.config, args.overrides)
     write_files(cfg.task)
     set_threads()

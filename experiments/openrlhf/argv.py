@@ -300,6 +300,7 @@ def nsr_settings(cfg: RunConfig, run_dir: Path) -> NSRSettings:
         metrics_path=str(run_dir / "metrics.jsonl"),
         max_steps=t.steps,
         **({"dgg": True, "dgg_k": t.dgg_k, "dgg_window": t.dgg_window} if t.dgg else {}),
+        **({"allow_on_policy": True} if t.allow_on_policy else {}),
     )
 
 

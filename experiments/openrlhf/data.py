@@ -139,6 +139,28 @@ def preset_rows() -> int:
     return max(rows_needed(c) for c in cfgs if c.backend == "openrlhf")
 
 
+def fix_commands(cfgs) -> list[str]:
+    """The commands that write the training prompts ``cfgs`` (openrlhf RunConfigs short of rows) need: one per
+    training file, with the most rows any of them draws. A file named after no source of this module is the user's own
+    data, said so."""
+    from experiments.openrlhf.plan import train_data_path
+
+    need: dict[Path, int] = {}
+    for cfg in cfgs:
+        path = train_data_path(cfg)
+        need[path] = max(need.get(path, 0), rows_needed(cfg))
+    out = []
+    for path, rows in need.items():
+        if path.stem not in SOURCES:
+            out.append(
+                f"write {rows} prompt rows to {path} (it names no source of python -m experiments.openrlhf.data)"
+            )
+            continue
+        where = "" if path.parent.resolve() == DEFAULT_OUT.resolve() else f" --out {path.parent}"
+        out.append(f"python -m experiments.openrlhf.data --only {path.stem}{where} --rows {rows}")
+    return out
+
+
 def prepare(out: Path, only: list[str], sources: dict[str, str], rows: int, seed: int = 0) -> dict[str, int]:
     """Write ``<out>/<name>.jsonl`` for each name (a train set: whole passes until >= ``rows`` rows); returns
     {name: rows written}."""

@@ -8,8 +8,8 @@ Per run (:func:`plan_run`):
   dynamic filtering a filtered prompt is replaced by a new one, so the loader must hold FILTER_HEADROOM times as many
   (the filter must keep >= 1 / FILTER_HEADROOM of the prompts; a run whose filter keeps fewer runs out of prompts,
   stops early and is reported failed by the backend, never done). ``rows_written``: rows in ``task.train_data``
-  (None when the file is not there yet); ``rows_ok`` (always for the generated arithmetic task: its backend writes
-  the rows the run draws when it starts).
+  (None when the file is not there yet); ``rows_ok`` (always for the generated arithmetic task and a toy CPU
+  model's data: its backend writes the rows the run draws when it starts).
 * ``gpu_hours_limit``: nodes x GPUs x the site's time limit (slurm/cluster.yaml ``time_min``), what one allocation
   holds; ``gpu_hours_estimate``: from the token budget (``train.steps`` x prompts x samples x tokens per sample) at
   the throughputs below; ``jobs_estimate``: allocations that takes (the job requeues and resumes). The estimate is
@@ -34,6 +34,7 @@ import yaml
 
 from experiments.config import RunConfig
 from experiments.evaluation.math import eval_steps
+from experiments.models.qwen2 import is_toy_model
 from experiments.rundir import REPO_ROOT
 
 ARITHMETIC = "arithmetic"
@@ -167,7 +168,8 @@ def plan_run(cfg: RunConfig, run_id: str = "", time_limit_h: float | None = None
         gpus=gpus,
         rows_needed=need,
         rows_written=have,
-        rows_ok=cfg.task.name == ARITHMETIC or (have is not None and have >= need),
+        # the generated task's rows and a toy CPU model's data are written by the backend when the run starts
+        rows_ok=cfg.task.name == ARITHMETIC or is_toy_model(cfg) or (have is not None and have >= need),
         time_limit_h=time_limit_h,
         gpu_hours_limit=limit,
         gpu_hours_estimate=estimate,
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep")
     p.add_argument("--preset")
     p.add_argument("--site", help="site file (default slurm/cluster.yaml)")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # key=value overrides before or after the options
     if not a.sweep and not a.config:
         print("error: give a preset file or --sweep SWEEP", file=sys.stderr)
         return 2

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.tasks.arithmetic", description=__doc__.split("\n")[0])
     p.add_argument("config", help="a RunConfig YAML with task.name arithmetic")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
-    a = p.parse_args(args)
+    a = p.parse_intermixed_args(args)  # overrides before or after options
     cfg = load_config(a.config, a.overrides)
     paths = write_files(cfg.task)
     print(json.dumps({part: {"path": str(q), "rows": len(read_rows(q))} for part, q in paths.items()}, indent=1))

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainer", choices=("kit", "trl"), default="kit")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--checkpoint", action="store_true", help="save a TRL checkpoint every RL step; report its size")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)  # overrides before or after options
     cfg = load_config(args.config, args.overrides)
     print(json.dumps(bench(cfg, args.trainer, args.steps, args.checkpoint)))
     return 0

@@ -278,7 +278,7 @@ def check_runnable(cfg: RunConfig) -> None:
 
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            _check_args(grpo_config(cfg, tmp), cfg.loss)
+            _check_args(grpo_config(cfg, tmp), cfg.loss, cfg.advantages, cfg.train.allow_on_policy)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -332,7 +332,8 @@ def build_trainer(
             if trainer.premise_counts is not None:  # the premise meter's counts of this RL step (token level)
                 from nsr.premise import counts_row
 
-                rd.append("ratio_bins.jsonl", [counts_row(trainer.premise_counts, step, cfg.loss)])
+                tokens = trainer.premise_tokens or (None, None)
+                rd.append("ratio_bins.jsonl", [counts_row(trainer.premise_counts, step, cfg.loss, *tokens)])
                 trainer.premise_counts = None
             if evaluate and _eval_due(cfg, step):
                 rd.append("eval.jsonl", run_eval(trainer.model, step))
@@ -368,6 +369,7 @@ def build_trainer(
         loss=cfg.loss,
         advantages=cfg.advantages,
         seed=cfg.seed,
+        allow_on_policy=cfg.train.allow_on_policy,
         **speed_options(cfg),
     )
     trainer.remove_callback(PrinterCallback)  # TRL's log goes to metrics.jsonl, not stdout

@@ -133,13 +133,13 @@ def premise_status(meter) -> dict[str, float]:
     """The RL step's premise meter (an nsr.PremiseMeter) as status scalars (nsr.openrlhf.metrics.premise_logs):
     its counts summed over the data-parallel ranks (one all-reduce, every rank calls it from ``fit``) and read once;
     then the meter restarts for the next step."""
-    packed = torch.cat([meter.counts().reshape(-1), meter.tokens.reshape(1)])
+    packed = torch.cat([meter.counts().reshape(-1), meter.tokens.reshape(1), meter.tokens_adv.reshape(1)])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(packed)
     values = packed.tolist()
     meter.reset()
-    counts, tokens = torch.tensor(values[:-1]).reshape(meter.counts().shape).tolist(), values[-1]
-    return premise_logs(counts, tokens)
+    counts, tokens, tokens_adv = torch.tensor(values[:-2]).reshape(meter.counts().shape).tolist(), *values[-2:]
+    return premise_logs(counts, tokens, tokens_adv)
 
 
 def cap_steps(generate_samples, steps_done, max_steps: int):

@@ -5,15 +5,15 @@
 
 One node: run it on the node (OpenRLHF starts a local Ray). SLURM / several nodes: start Ray on the nodes
 (slurm/ray_cluster.py), then run it on the head node with RAY_ADDRESS set; every node imports ``nsr`` from the same
-installed package (``pip install -e .`` into a venv on the shared file system). Normally it is not typed by hand:
-``python -m experiments.run <preset or sweep>`` builds the command (experiments/openrlhf/argv.py), and
+installed package (``pip install -e ./nsr -e .`` into a venv on the shared file system). Normally it is not typed by
+hand: ``python -m experiments.run <preset or sweep>`` builds the command (experiments/openrlhf/argv.py), and
 ``python -m experiments.run --sweep S --dry-run`` prints it.
 
 What it does, in order (docs/cluster.md):
 1. refuses any openrlhf but 0.11.2;
 2. splits off the --nsr.* flags (nsr/openrlhf/settings.py) and parses the rest with OpenRLHF's own parser and checks
-   (nsr/openrlhf/cli.py), then refuses combinations the layer does not support (nsr/openrlhf/mapping.py), before
-   Ray starts;
+   (nsr/openrlhf/cli.py), then refuses combinations the layer does not support (nsr/openrlhf/mapping.py) and a
+   rule that needs stale ratios with one optimizer step per rollout (:func:`check_schedule`), before Ray starts;
 3. swaps in the actor subclasses (nsr/openrlhf/actors.py) and wraps ``openrlhf.utils.get_strategy`` so that
    ``args.nsr`` is set on the strategy that is pickled to every Ray actor; the controller is killed at SIGTERM
    (``actors.StopsAtSigterm``: a stopped run stops where it is, with no more steps or checkpoints while Ray shuts
@@ -65,6 +65,26 @@ def check_version() -> None:
         )
 
 
+def check_schedule(args, loss) -> None:
+    """Refuse a rule that needs stale ratios (nsr.needs_stale_ratios) with one optimizer step per rollout: OpenRLHF's
+    actor recomputes the old log-probs of every sample before the update (they are never vLLM's), so with
+    ``--rollout.batch_size`` x ``--rollout.n_samples_per_prompt`` / ``--train.batch_size`` x ``--train.max_epochs``
+    <= 1 every ratio is 1, no token is clipped and the rule's update is the hard clip's."""
+    from nsr import needs_stale_ratios
+
+    samples = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    steps = samples / args.train.batch_size * args.train.max_epochs
+    if steps <= 1 and needs_stale_ratios(loss):
+        raise LaunchError(
+            f"--rollout.batch_size {args.rollout.batch_size} x --rollout.n_samples_per_prompt "
+            f"{args.rollout.n_samples_per_prompt} / --train.batch_size {args.train.batch_size} x --train.max_epochs "
+            f"{args.train.max_epochs} = {steps:g} optimizer step per rollout with --nsr.rule {loss.rule}: the actor "
+            "recomputes the old log-probs before the update, so every ratio is 1, no token is clipped and the rule "
+            "equals the hard clip; allowed: more than one step per rollout (a smaller --train.batch_size or "
+            "--train.max_epochs >= 2), or --nsr.allow_on_policy true to run it anyway"
+        )
+
+
 def check_args(args, settings: NSRSettings) -> None:
     """Refuse OpenRLHF settings the NSR layer does not support (args: OpenRLHF's parsed, hierarchized args)."""
     if args.train.async_enable:
@@ -80,9 +100,11 @@ def check_args(args, settings: NSRSettings) -> None:
         mapping.check_parallelism(args.ds.ring_attn_size, args.ds.tensor_parallel_size)
         mapping.check_random_reward(kind, args.algo.dynamic_filtering_enable, args.reward.overlong_buffer_len)
         # the rule's full config, exactly as every actor will build it
-        settings.loss_config(lo, hi, args.actor.dual_clip, mapping.level_of(args.actor.policy_loss_type))
+        loss = settings.loss_config(lo, hi, args.actor.dual_clip, mapping.level_of(args.actor.policy_loss_type))
     except ValueError as e:
         raise LaunchError(str(e)) from None
+    if not settings.allow_on_policy:
+        check_schedule(args, loss)
     if settings.dgg and args.ds.zero_stage not in (1, 2, 3):
         raise LaunchError(
             f"--nsr.dgg with --ds.zero_stage={args.ds.zero_stage}: DGG skips a step through the ZeRO optimizer's "

@@ -18,7 +18,8 @@ Keys a run did not log (e.g. ``rescue_frac`` in a plain OpenRLHF run) are ``None
 
 The premise meter (nsr.premise, at token level): the actor adds the RL step's counts, summed over its micro-batches
 and data-parallel ranks, to the status it returns as ``nsr_premise_<side>_<field>_<bin>`` scalars (66) and
-``nsr_premise_tokens`` (:func:`premise_logs`); OpenRLHF logs them as ``train/nsr_premise_*``, and
+``nsr_premise_tokens``, ``nsr_premise_tokens_adv`` (:func:`premise_logs`); OpenRLHF logs them as
+``train/nsr_premise_*``, and
 :func:`premise_row_from_logs` turns one step's log back into the run folder's ratio_bins.jsonl row.
 """
 
@@ -111,8 +112,9 @@ PREMISE_PREFIX = "nsr_premise_"
 ``nsr_premise_tokens`` (the valid tokens the counts are over)."""
 
 
-def premise_logs(counts: list, tokens: float) -> dict[str, float]:
-    """The premise meter's (2, 3, N_BINS + 1) ``counts`` (nested lists, one read of the device) as flat log scalars."""
+def premise_logs(counts: list, tokens: float, tokens_adv: float | None = None) -> dict[str, float]:
+    """The premise meter's (2, 3, N_BINS + 1) ``counts`` (nested lists, one read of the device) as flat log scalars,
+    with the valid tokens they are over and (``tokens_adv``) those with a nonzero advantage."""
     from nsr.premise import FIELDS, SIDES
 
     out = {}
@@ -120,6 +122,8 @@ def premise_logs(counts: list, tokens: float) -> dict[str, float]:
         for what, vals in zip(FIELDS, s_vals):
             out.update({f"{PREMISE_PREFIX}{side}_{what}_{b}": float(v) for b, v in enumerate(vals)})
     out[f"{PREMISE_PREFIX}tokens"] = float(tokens)
+    if tokens_adv is not None:
+        out[f"{PREMISE_PREFIX}tokens_adv"] = float(tokens_adv)
     return out
 
 
@@ -136,4 +140,5 @@ def premise_row_from_logs(step: int, logs: Mapping[str, object], cfg) -> dict | 
     if not all(k in flat for side in keys for what in side for k in what):
         return None
     counts = torch.tensor([[[_scalar(flat[k]) or 0.0 for k in what] for what in side] for side in keys])
-    return counts_row(counts.double(), int(step), cfg)
+    tokens, tokens_adv = (_scalar(flat.get(f"{PREMISE_PREFIX}{k}")) for k in ("tokens", "tokens_adv"))
+    return counts_row(counts.double(), int(step), cfg, tokens, tokens_adv)

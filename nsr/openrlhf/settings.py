@@ -5,8 +5,9 @@ The flags are generated from the fields of ``nsr.LossConfig`` (``--nsr.<field>``
 ``None``, a ``Literal`` gives the choices), so a new config field becomes a flag without a second declaration.
 The clip region, dual clip and level have no flag: they come from OpenRLHF's own flags (``--actor.eps_clip_low_high``,
 ``--actor.dual_clip``, ``--actor.policy_loss_type``; nsr/openrlhf/mapping.py), so one value drives both OpenRLHF and
-the rule. The other flags belong to the layer itself: ``--nsr.metrics_path``, ``--nsr.max_steps`` and Dynamic Gradient
-Gating's ``--nsr.dgg``, ``--nsr.dgg_k``, ``--nsr.dgg_window`` (nsr/openrlhf/gate.py).
+the rule. The other flags belong to the layer itself: ``--nsr.metrics_path``, ``--nsr.max_steps``, Dynamic Gradient
+Gating's ``--nsr.dgg``, ``--nsr.dgg_k``, ``--nsr.dgg_window`` (nsr/openrlhf/gate.py) and ``--nsr.allow_on_policy``
+(nsr/openrlhf/launch.py's ``check_schedule``).
 
 The launcher parses the flags, stores the object in ``args.nsr`` and it rides inside the pickled strategy to every
 Ray actor. Nothing here imports openrlhf, so the argv builder and a dry run work on a machine without it.
@@ -88,6 +89,9 @@ class NSRSettings:
     """DGG: gate a step whose lm_head gradient norm exceeds dgg_k x the running median (train.dgg_k)."""
     dgg_window: int = 20
     """DGG: the running median is over the previous dgg_window optimizer steps (train.dgg_window)."""
+    allow_on_policy: bool = False
+    """Let a rule that needs stale ratios run with one optimizer step per rollout (refused otherwise: launch.py's
+    check_schedule; train.allow_on_policy)."""
 
     def __post_init__(self):
         unknown = sorted(set(self.loss) - {f.name for f in LOSS_FIELDS})

@@ -25,11 +25,17 @@ two clipped cases are equal. tests/test_trl_parity.py pins this at |log r| = 50.
 Randomness of the rule and of the advantage comes from generators seeded from (seed, optimizer step, ...), so a run
 resumed from a TRL checkpoint draws what an uninterrupted one draws.
 
+The trust region is TRL's own (``epsilon``, ``epsilon_high``): the LossConfig's eps_low / eps_high are taken from it
+where left unset, and one that is set and differs is refused naming both (:func:`trust_region`).
+
 Refused before any work, naming the option (``GRPOConfig.<key>=... is not valid with NSRGRPOTrainer; allowed: ...``):
-loss types other than dapo / grpo (the rule comes from ``loss.rule``), a trust region or importance-sampling level
-that disagrees with ``loss``, TRL's ``delta``, off-policy and entropy masks, adaptive entropy, a ``scale_rewards``
-that contradicts ``advantages`` and ``multi_objective_aggregation`` (above), and multimodal inputs (image columns, a
-vision-language model or processor): the kit's loss does not pass ``pixel_values`` and the like to the model.
+a rule that needs stale ratios (``nsr.needs_stale_ratios``: every rule but hard, clip_cov and the decision rules
+with ratio noise) with ``num_iterations`` 1 and one optimizer step per generation, where every ratio is 1 and the
+rule is the hard clip (:func:`check_schedule`; ``allow_on_policy=True`` lets it run), loss types other than dapo /
+grpo (the rule comes from ``loss.rule``), an importance-sampling level that disagrees with ``loss``, TRL's
+``delta``, off-policy and entropy masks, adaptive entropy, a ``scale_rewards`` that contradicts ``advantages`` and
+``multi_objective_aggregation`` (above), and multimodal inputs (image columns, a vision-language model or processor):
+the kit's loss does not pass ``pixel_values`` and the like to the model.
 
 Metrics (in TRL's log, each reduced over the logging window as declared once): every metric TRL's ``_compute_loss``
 logs, under TRL's name and with TRL's definition and reduction (``kl``, ``entropy``, ``policy_loss`` and
@@ -45,7 +51,8 @@ micro-batch (the rule's per-token loss and its autograd gradient; no host sync),
 window's counts in ``trainer.premise_counts`` (summed over processes; the trl backend writes them to
 ratio_bins.jsonl) and per-token rates in TRL's log as ``premise/<key>`` (``nsr.premise.RATE_KEYS``: per side the
 clipped tokens within the rescue zone and deeper, the rescued ones and their gradient weight, over the window's valid
-tokens). ``premise=False`` turns it off.
+tokens), with ``premise/tokens`` and ``premise/tokens_adv`` (the window's valid tokens and those with a nonzero
+advantage), so the counts are rate x tokens. ``premise=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -76,10 +83,14 @@ class NSRGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose clip rule is ``loss.rule`` and whose advantages are ``nsr.compute_advantages``.
 
     Args: those of ``GRPOTrainer``, plus keyword-only
-        loss: the rule and its parameters; its level, eps_low and eps_high must match the GRPOConfig's
-            ``importance_sampling_level``, ``epsilon`` and ``epsilon_high`` (so TRL's own settings do not disagree).
+        loss: the rule and its parameters. The trust region is TRL's: ``epsilon`` and ``epsilon_high`` of the
+            GRPOConfig (None = ``epsilon``, as TRL) set loss.eps_low / eps_high where the LossConfig leaves them
+            unset; one it sets must equal TRL's (a clash is refused naming both). Its level must match the
+            GRPOConfig's ``importance_sampling_level``.
         advantages: the advantage kind and noise (default: group_norm).
         seed: seed of the rule's and the advantage's random streams (default: the GRPOConfig's seed).
+        allow_on_policy: let a rule that needs stale ratios (nsr.needs_stale_ratios) run in a schedule where every
+            ratio is 1 (num_iterations=1 and one optimizer step per generation), which is refused by default.
         compact_logprobs: send only the positions that predict a completion token through the LM head (TRL does so on
             CUDA / XPU only): log-probs bit-identical to TRL's, gradients to float32 rounding (nsr.trl.logprobs).
         share_prompt: also run each distinct prompt once per forward and the completions on its key/value cache
@@ -103,6 +114,7 @@ class NSRGRPOTrainer(GRPOTrainer):
         advantages: nsr.AdvantageConfig | None = None,
         seed=None,
         premise: bool = True,
+        allow_on_policy: bool = False,
         compact_logprobs: bool = False,
         share_prompt: bool = False,
         skip_zero_advantage: bool = False,
@@ -112,11 +124,11 @@ class NSRGRPOTrainer(GRPOTrainer):
             raise TypeError(f"loss must be nsr.LossConfig, got {type(loss).__name__}")
         advantages = advantages or nsr.AdvantageConfig()
         if kw.get("args") is not None:  # before any model or data work; TRL's default GRPOConfig is checked below
-            _check_args(kw["args"], loss, advantages)
+            _check_args(kw["args"], loss, advantages, allow_on_policy)
         model = kw.get("model", args[0] if args else None)
         _check_text_only(kw.get("train_dataset"), kw.get("eval_dataset"), kw.get("processing_class"), model)
         super().__init__(*args, **kw)
-        _check_args(self.args, loss, advantages)
+        loss = _check_args(self.args, loss, advantages, allow_on_policy)  # the trust region now TRL's
         _check_text_only(None, None, self.processing_class, self.model)
         self.compact_logprobs = bool(compact_logprobs or share_prompt)
         self.share_prompt = bool(share_prompt)
@@ -131,6 +143,8 @@ class NSRGRPOTrainer(GRPOTrainer):
         self.premise = PremiseMeter(loss) if premise and loss.level == "token" else None
         self.premise_counts: torch.Tensor | None = None
         """The premise meter's (2, 3, N_BINS + 1) counts of the last logging window, summed over processes (host)."""
+        self.premise_tokens: tuple[float, float] | None = None
+        """That window's valid tokens and those with a nonzero advantage (logged as premise/tokens, tokens_adv)."""
         self.after_rollout = None
         """Called as ``after_rollout(trainer)`` once per RL step, after its rollout is generated, scored and split into
         the buffered minibatches and before its first update (experiments.mechanism.trl tests rules there); it must
@@ -382,16 +396,19 @@ class NSRGRPOTrainer(GRPOTrainer):
         once: kept in ``premise_counts`` (the run folder's ratio_bins.jsonl row) and logged as ``premise/<key>``
         per-token rates (nsr.premise.rates); then the meter restarts. A window without tokens (TRL's end-of-training
         summary) logs nothing and leaves ``premise_counts`` as it was."""
-        counts, tokens = self.premise.counts(), self.premise.tokens
+        counts, tokens, tokens_adv = self.premise.counts(), self.premise.tokens, self.premise.tokens_adv
         if self.accelerator.num_processes > 1:
             counts = self.accelerator.reduce(counts.clone(), "sum")
             tokens = self.accelerator.reduce(tokens.clone(), "sum")
-        counts, tokens = counts.cpu(), tokens.cpu()
+            tokens_adv = self.accelerator.reduce(tokens_adv.clone(), "sum")
+        counts, tokens, tokens_adv = counts.cpu(), tokens.cpu(), tokens_adv.cpu()
         self.premise.reset()
         if tokens.item() == 0:
             return
         self.premise_counts = counts
+        self.premise_tokens = (tokens.item(), tokens_adv.item())
         logs.update({f"premise/{k}": v.item() for k, v in rates(counts, tokens).items()})
+        logs.update({"premise/tokens": tokens.item(), "premise/tokens_adv": tokens_adv.item()})
 
 
 _MULTIMODAL_ERROR = (
@@ -526,8 +543,52 @@ def _check_speed_options(trainer: NSRGRPOTrainer, loss: nsr.LossConfig) -> None:
         )
 
 
-def _check_args(args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | None = None) -> None:
-    """TRL options this subclass does not reproduce, or that would disagree with ``loss``: a clear error."""
+def trust_region(args, loss: nsr.LossConfig) -> nsr.LossConfig:
+    """``loss`` with TRL's trust region: eps_low = GRPOConfig.epsilon, eps_high = GRPOConfig.epsilon_high (None =
+    epsilon, as TRL's GRPOTrainer). A value the LossConfig sets itself (not left None) must equal TRL's: the trust
+    region has one source, and a clash between the two is refused naming both."""
+    trl_eps = {"eps_low": ("epsilon", args.epsilon)}
+    trl_eps["eps_high"] = ("epsilon_high", args.epsilon_high if args.epsilon_high is not None else args.epsilon)
+    for ours, (key, value) in trl_eps.items():
+        if loss.was_set(ours) and getattr(loss, ours) != value:
+            raise ValueError(
+                f"loss.{ours}={getattr(loss, ours)!r} and GRPOConfig.{key}={getattr(args, key)!r} set the trust region "
+                f"twice and disagree; NSRGRPOTrainer takes it from the GRPOConfig: allowed: leave loss.{ours} unset "
+                f"(None), or set it to {value!r}, or set GRPOConfig.{key}={getattr(loss, ours)!r}"
+            )
+    try:
+        return loss.replace(eps_low=trl_eps["eps_low"][1], eps_high=trl_eps["eps_high"][1])
+    except ValueError as e:  # TRL accepts an epsilon the rule cannot use (e.g. 1.0): name TRL's key
+        msg = (
+            str(e)
+            .replace("LossConfig.eps_low=", "GRPOConfig.epsilon=")
+            .replace("LossConfig.eps_high=", "GRPOConfig.epsilon_high=")
+        )
+        raise ValueError(f"{msg} (NSRGRPOTrainer's trust region)") from None
+
+
+def check_schedule(args, loss: nsr.LossConfig) -> None:
+    """Refuse a rule that needs stale ratios (nsr.needs_stale_ratios) in a schedule without a stale update: with
+    ``num_iterations`` 1 and ``steps_per_generation`` dividing ``gradient_accumulation_steps`` every optimizer step
+    trains on a fresh generation whose old log-probs are the learner's own (TRL recomputes them with the training
+    model, with vLLM too), so every ratio is 1, no token is clipped and the rule's update is the hard clip's."""
+    spg, accum = args.steps_per_generation, args.gradient_accumulation_steps
+    if nsr.needs_stale_ratios(loss) and args.num_iterations == 1 and accum % spg == 0:
+        raise ValueError(
+            f"GRPOConfig.num_iterations=1 with GRPOConfig.steps_per_generation={spg} and gradient_accumulation_steps="
+            f"{accum} is not valid with loss.rule={loss.rule!r}: each optimizer step trains on a fresh generation "
+            "whose old log-probs are the policy's own, so every ratio is 1, no token is clipped and the rule equals "
+            "the hard clip; allowed: num_iterations >= 2, or steps_per_generation a multiple of "
+            f"gradient_accumulation_steps >= {2 * accum} (several optimizer steps per generation), or "
+            "NSRGRPOTrainer(..., allow_on_policy=True) to run it anyway"
+        )
+
+
+def _check_args(
+    args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | None = None, allow_on_policy: bool = False
+) -> nsr.LossConfig:
+    """TRL options this subclass does not reproduce, or that would disagree with ``loss``: a clear error. Returns
+    ``loss`` with the GRPOConfig's trust region (:func:`trust_region`)."""
 
     def refuse(key, value, allowed):
         raise ValueError(f"GRPOConfig.{key}={value!r} is not valid with NSRGRPOTrainer; allowed: {allowed}")
@@ -536,10 +597,9 @@ def _check_args(args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | No
         refuse("loss_type", args.loss_type, ", ".join(LOSS_TYPES) + " (the rule comes from loss.rule)")
     if args.importance_sampling_level != loss.level:
         refuse("importance_sampling_level", args.importance_sampling_level, f"{loss.level} (loss.level)")
-    if args.epsilon != loss.eps_low:
-        refuse("epsilon", args.epsilon, f"{loss.eps_low} (loss.eps_low)")
-    if (args.epsilon_high if args.epsilon_high is not None else args.epsilon) != loss.eps_high:
-        refuse("epsilon_high", args.epsilon_high, f"{loss.eps_high} (loss.eps_high)")
+    loss = trust_region(args, loss)
+    if not allow_on_policy:
+        check_schedule(args, loss)
     for key, off in (("delta", None), ("off_policy_mask_threshold", None), ("top_entropy_quantile", 1.0)):
         if getattr(args, key) != off:
             refuse(key, getattr(args, key), repr(off))
@@ -548,3 +608,4 @@ def _check_args(args, loss: nsr.LossConfig, advantages: nsr.AdvantageConfig | No
         refuse("multi_objective_aggregation", args.multi_objective_aggregation, "sum_then_normalize")
     if args.use_adaptive_entropy:
         refuse("use_adaptive_entropy", True, "False (a fixed entropy_coef)")
+    return loss

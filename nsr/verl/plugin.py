@@ -35,7 +35,10 @@ The premise meter (token level; ``policy_loss.premise``, default on): per micro-
 every ``nsr.premise.RATE_KEYS`` key: per advantage side the clipped tokens within NSR's rescue zone
 (``pos_clipped_zone``, the in-zone clipped mass per token) and deeper (``pos_clipped_deep``), the clipped tokens the
 rule still gave a gradient (``pos_rescued``) and the sum of their gradient weight (``pos_weight``), each divided by
-the micro-batch's valid tokens. verl wraps a loss's metrics as ``Metric(aggregation=mean)``: the mean over the
+the micro-batch's valid tokens; and the counts themselves, ``actor/premise/n_<side>_clipped_zone``,
+``n_<side>_clipped_deep``, ``n_tokens`` and ``n_tokens_adv`` (valid tokens with a nonzero advantage), so a step's mean
+count over its mean token count is its exact pooled rate. verl wraps a loss's metrics as
+``Metric(aggregation=mean)``: the mean over the
 micro-batches of a rank, then over the ranks, all with equal weight. Rates per token are the quantities whose equal-
 weight mean stays a per-token rate (counts would scale with the micro-batch size; a share of clipped tokens would
 weigh a micro-batch with 1 clipped token like one with 100); the mean equals the step's pooled rate when the
@@ -107,6 +110,7 @@ NSRPolicyLossConfig = make_dataclass(
         ("dual_clip", bool, field(default=True)),
         ("seed", Optional[int], field(default=None)),  # noqa: UP045
         ("premise", bool, field(default=True)),
+        ("allow_on_policy", bool, field(default=False)),
     ],
     bases=(PolicyLossConfig,),
     namespace={"__post_init__": _post_init},
@@ -120,7 +124,9 @@ built from nsr.LossConfig, so fields added there later travel too), and
   mode always does (token level only);
 * ``seed`` (int or None): seed of the rule's random draws, one stream per process (seed, DP rank); None: torch's
   global RNG;
-* ``premise`` (bool, default True): log the premise meter's per-token rates (token level; module docstring).
+* ``premise`` (bool, default True): log the premise meter's per-token rates (token level; module docstring);
+* ``allow_on_policy`` (bool, default False): let a rule that needs stale ratios run in a schedule with one update per
+  step (:func:`check_schedule`), which is refused by default.
 
 Select it in a recipe with ``actor_rollout_ref.actor.policy_loss._target_=nsr.verl.NSRPolicyLossConfig``; set a
 parameter with ``+actor_rollout_ref.actor.policy_loss.delta=0.1`` (``+``: a key verl's own config does not have).
@@ -222,7 +228,12 @@ def policy_loss(
 
 
 PREMISE_PREFIX = "actor/premise/"
-"""verl metric names of the premise meter: ``actor/premise/<key>`` for every ``nsr.premise.RATE_KEYS`` key."""
+"""verl metric names of the premise meter: ``actor/premise/<key>`` for every ``nsr.premise.RATE_KEYS`` key, and
+``actor/premise/n_<key>`` for every :data:`PREMISE_COUNT_KEYS` key."""
+PREMISE_COUNT_KEYS = ("tokens", "tokens_adv", "pos_clipped_zone", "pos_clipped_deep", "neg_clipped_zone",
+                      "neg_clipped_deep")  # fmt: skip
+"""The micro-batch counts logged next to the rates: valid tokens, those with a nonzero advantage, and per side the
+clipped tokens within the rescue zone and deeper."""
 
 
 def premise_metrics(loss_tok, log_prob, old_log_prob, advantages, mask, cfg: nsr.LossConfig) -> dict:
@@ -232,7 +243,12 @@ def premise_metrics(loss_tok, log_prob, old_log_prob, advantages, mask, cfg: nsr
     rate, equal to the step's pooled rate when micro-batches hold equal token counts (module docstring)."""
     (grad,) = torch.autograd.grad(loss_tok.sum(), log_prob, retain_graph=True)  # d loss_t / d log pi_t
     counts = premise_counts(grad, token_ratio(log_prob, old_log_prob), advantages, mask, cfg)
-    return {PREMISE_PREFIX + k: v for k, v in rates(counts, mask.sum()).items()}
+    out = {PREMISE_PREFIX + k: v for k, v in rates(counts, mask.sum()).items()}
+    # counts too (verl means them over micro-batches: a step's mean count over its mean token count is its pooled rate)
+    n = {"tokens": mask.sum().double(), "tokens_adv": (mask & (advantages != 0)).sum().double()}
+    for i, side in enumerate(("pos", "neg")):
+        n[f"{side}_clipped_zone"], n[f"{side}_clipped_deep"] = counts[i, 0, :-1].sum(), counts[i, 0, -1]
+    return out | {f"{PREMISE_PREFIX}n_{k}": n[k] for k in PREMISE_COUNT_KEYS}
 
 
 def make_policy_loss(rule: str):
@@ -251,6 +267,56 @@ def make_policy_loss(rule: str):
     return compute_policy_loss_nsr
 
 
+def check_schedule(actor, train_batch_size: int) -> None:
+    """Refuse an ``nsr:<rule>`` whose rule needs stale ratios (nsr.needs_stale_ratios) in a schedule without a stale
+    update: with ``ppo_epochs`` 1 and ``ppo_mini_batch_size`` = ``data.train_batch_size`` (prompts) the actor makes one
+    update per step on old log-probs it has just recomputed itself, so every ratio is 1, no token is clipped and the
+    rule's update is the hard clip's. Allowed as they are: ``use_rollout_log_probs`` (old log-probs from the rollout
+    engine, e.g. vLLM's, so a ratio is not 1 even on the first update) and ``policy_loss.allow_on_policy=true``.
+
+    ``actor``: verl's ActorConfig (before the worker rescales its batch sizes); ``train_batch_size``: prompts per step.
+    verl's ``ActorConfig.validate`` calls it once :func:`register` has run (verl's validate_config, before any
+    worker starts)."""
+    mode = actor.policy_loss.get("loss_mode", "")
+    if not mode.startswith(PREFIX) or actor.get("use_rollout_log_probs", False):
+        return
+    if actor.policy_loss.get("allow_on_policy", False):
+        return
+    rule = mode.removeprefix(PREFIX)
+    if not nsr.needs_stale_ratios(loss_config(rule, actor)):
+        return
+    minibatches = -(-train_batch_size // actor.ppo_mini_batch_size)  # verl splits the step's batch into these
+    if actor.ppo_epochs * minibatches <= 1:
+        a = "actor_rollout_ref.actor."
+        raise ValueError(
+            f"verl {a}ppo_epochs={actor.ppo_epochs} with {a}ppo_mini_batch_size={actor.ppo_mini_batch_size} and "
+            f"data.train_batch_size={train_batch_size} is not valid with {a}policy_loss.loss_mode={mode!r}: one update "
+            "per step on old log-probs the actor recomputed itself, so every ratio is 1, no token is clipped and the "
+            f"rule equals the hard clip; allowed: {a}ppo_epochs >= 2, or {a}ppo_mini_batch_size <= "
+            f"data.train_batch_size / 2, or +{a}policy_loss.allow_on_policy=true to run it anyway"
+        )
+
+
+def _install_schedule_check() -> None:
+    """Make verl's ``ActorConfig.validate`` (which verl's ``validate_config`` calls with ``data.train_batch_size``
+    before any worker starts, right after building the actor config and so after importing this module) also run
+    :func:`check_schedule`. Idempotent."""
+    from verl.workers.config import ActorConfig
+
+    if getattr(ActorConfig.validate, "nsr_schedule_check", False):
+        return
+    original = ActorConfig.validate
+
+    def validate(self, n_gpus: int, train_batch_size: int, model_config: dict = None):
+        original(self, n_gpus, train_batch_size, model_config)
+        check_schedule(self, train_batch_size)
+
+    validate.__wrapped__ = original
+    validate.__doc__ = original.__doc__
+    validate.nsr_schedule_check = True
+    ActorConfig.validate = validate
+
+
 def loss_modes() -> list[str]:
     """The verl loss-mode name of every rule in ``nsr.RULES`` now."""
     return [PREFIX + rule for rule in nsr.RULES]
@@ -259,8 +325,10 @@ def loss_modes() -> list[str]:
 def register() -> list[str]:
     """Register every rule of ``nsr.RULES`` not yet registered as ``nsr:<rule>``; returns all our mode names.
 
-    Raises RuntimeError if a mode name is taken by a function that is not ours (a clash with another plug-in).
+    Raises RuntimeError if a mode name is taken by a function that is not ours (a clash with another plug-in). Also
+    makes verl's ActorConfig.validate refuse schedules without a stale update (:func:`check_schedule`).
     """
+    _install_schedule_check()
     for rule in nsr.RULES:
         name = PREFIX + rule
         have = core_algos.POLICY_LOSS_REGISTRY.get(name)
