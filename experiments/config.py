@@ -348,7 +348,9 @@ class TRLConfig:
     micro_batch_size: int = 0
     """Sequences per forward/backward; 0 = a whole minibatch (else gradient accumulation makes up the minibatch)."""
     bf16: bool = False
-    """bf16 weights and autocast (GPU only; CPU runs stay float32)."""
+    """The learner in bfloat16: on a GPU bf16 weights and autocast; on CPU bfloat16 autocast over float32 weights
+    (AMX units: about 2x the update's speed, but bfloat16 log-probs move the ratios the premise meter reads:
+    docs/testbed.md, "Speed"). Every log-prob pass (old and new) runs in this precision."""
     gradient_checkpointing: bool = False
     use_vllm: bool = False
     """Generate with vLLM colocated on the training GPU (vllm installed); False = transformers' generate."""
@@ -360,6 +362,9 @@ class TRLConfig:
     share_prompt: bool = False
     """Run each distinct prompt once per forward, its G completions on its key/value cache (implies
     compact_logprobs); equal to float32 rounding. Not with gradient_checkpointing."""
+    rollout_bf16: bool = False
+    """Generate the training rollouts under bfloat16 autocast (transformers' generate; not with use_vllm). The samples
+    change, the ratio arithmetic does not: the old log-probs are recomputed by the learner in its own precision."""
     skip_zero_adv: bool = False
     """Leave the sequences with zero advantage (groups of equal rewards) out of the old-log-prob pass and of every
     update's forward and backward; parameters equal to float32 rounding, clip fractions and the premise meter
@@ -434,6 +439,7 @@ ADDED_AT_DEFAULT: dict[str, Any] = {
     "trl.compact_logprobs": False,
     "trl.share_prompt": False,
     "trl.skip_zero_adv": False,
+    "trl.rollout_bf16": False,
 }
 """Fields added after identity scheme 2, with the value that is the behaviour before they existed: the identity
 leaves each out while it holds that value, so every run made before it keeps its id (tests/test_identity.py), and

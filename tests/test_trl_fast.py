@@ -76,7 +76,8 @@ def mixed_reward(prompts, completions, **kw):
 
 
 def trainer(models, tmp_path, policy="llama", rule="hard", reward=mixed_reward, n_train=8, **kw):
-    options = {k: kw.pop(k) for k in ("compact_logprobs", "share_prompt", "skip_zero_advantage") if k in kw}
+    keys = ("compact_logprobs", "share_prompt", "skip_zero_advantage", "rollout_bf16", "allow_on_policy")
+    options = {k: kw.pop(k) for k in keys if k in kw}
     args = grpo_args(tmp_path, **kw)
     loss = nsr.LossConfig(rule=rule, eps_low=args.epsilon, eps_high=args.epsilon_high)
     return NSRGRPOTrainer(model=models[policy], reward_funcs=reward, args=args, loss=loss, seed=0,
@@ -270,3 +271,72 @@ def test_the_config_refuses_the_skip_where_it_would_not_be_exact(overrides, fiel
     with pytest.raises(ConfigError, match=f"{field} is not valid; allowed: .*trl.skip_zero_adv=false"):
         load_config(preset, ["trl.skip_zero_adv=true", *overrides])
     load_config(preset, ["trl.skip_zero_adv=false", *overrides])  # without the skip it runs
+
+
+class DtypeOfLogits:
+    """A forward hook on the LM head: the dtype of every logits tensor it returns (only generation calls the head as
+    a module; the compact passes read its weight)."""
+
+    def __init__(self, model):
+        self.dtypes = []
+        model.get_output_embeddings().register_forward_hook(lambda m, i, out: self.dtypes.append(out.dtype))
+
+
+def first_rollout(t):
+    """The buffered minibatches of the first rollout, cloned at after_rollout (before any update), and the old
+    log-probs the learner computes for them there in float32 through TRL's own pass."""
+    got = {}
+
+    def hook(trainer):
+        if got:
+            return
+        got["batches"] = [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in b.items()}
+                          for b in trainer._buffered_inputs]  # fmt: skip
+        got["fp32"] = []
+        with torch.no_grad():
+            for b in got["batches"]:
+                ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+                mask = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+                lp, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(trainer, trainer.model, ids, mask,
+                                                                          b["completion_ids"].size(1))  # fmt: skip
+                got["fp32"].append(lp)
+
+    t.after_rollout = hook
+    return got
+
+
+@pytest.mark.parametrize("schedule", ["stale", "one_update"])
+def test_bf16_rollouts_leave_the_old_logprobs_the_learners(models, tmp_path, schedule):
+    """rollout_bf16: the rollout is generated under bfloat16 autocast (the LM head returns bfloat16 logits), and the
+    old log-probs every update reads are the float32 learner's: recomputed before the first update (two updates per
+    rollout), or the learner's own at ratio 1 (one update per rollout: every ratio logged is exactly 1)."""
+    kw = {"steps_per_generation": 1, "allow_on_policy": True} if schedule == "one_update" else {}
+    with trl_tiny.one_thread_frozen_gc():
+        t = trainer(models, tmp_path, rollout_bf16=True, share_prompt=True, **kw)
+        dtypes, rollout, logs = DtypeOfLogits(t.model), first_rollout(t), Logs()
+        t.add_callback(logs)
+        t.train()
+    assert dtypes.dtypes and set(dtypes.dtypes) == {torch.bfloat16}  # generation ran in bfloat16
+    if schedule == "stale":
+        for b, fp32 in zip(rollout["batches"], rollout["fp32"], strict=True):
+            valid = b["completion_mask"].bool()
+            assert b["old_per_token_logps"].dtype == torch.float32
+            torch.testing.assert_close(b["old_per_token_logps"][valid], fp32[valid], rtol=RTOL, atol=ATOL)
+    else:
+        assert all("old_per_token_logps" not in b or b["old_per_token_logps"] is None for b in rollout["batches"])
+        row = next(r for r in logs.rows if "nsr/ratio_max" in r)
+        assert row["nsr/ratio_min"] == row["nsr/ratio_max"] == 1.0
+
+
+def test_shared_prefill_draws_the_same_samples(models, tmp_path):
+    """share_prompt in generation (each prompt's prefill once): the first rollout's completions equal those of
+    transformers' own generate on the same seed."""
+    completions = []
+    for share in (False, True):
+        with trl_tiny.one_thread_frozen_gc():
+            t = trainer(models, tmp_path / str(share), share_prompt=share, max_steps=1, steps_per_generation=1,
+                        allow_on_policy=True)  # fmt: skip
+            rollout = first_rollout(t)
+            t.train()
+        completions.append(torch.cat([b["completion_ids"] for b in rollout["batches"]]))
+    assert torch.equal(completions[0], completions[1])

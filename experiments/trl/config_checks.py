@@ -59,6 +59,9 @@ def check_speed_fields(cfg) -> None:
     if cfg.trl.share_prompt:
         allowed = "false with trl.share_prompt=true (the prompt reaches the completions through its key/value cache)"
         check_field("trl", "gradient_checkpointing", not cfg.trl.gradient_checkpointing, allowed, True)
+    if cfg.trl.rollout_bf16:
+        allowed = "false with trl.rollout_bf16=true (vLLM's precision is its own)"
+        check_field("trl", "use_vllm", not cfg.trl.use_vllm, allowed, True)
     if not cfg.trl.skip_zero_adv:
         return
     off = "or trl.skip_zero_adv=false"

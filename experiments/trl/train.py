@@ -65,7 +65,7 @@ def grpo_config(cfg: RunConfig, output_dir: str | Path, progress: bool = False):
     return GRPOConfig(
         output_dir=str(output_dir),
         use_cpu=not cuda,
-        bf16=cfg.trl.bf16 and cuda,
+        bf16=cfg.trl.bf16,  # GPU: bf16 weights (_math_parts) and autocast; CPU: autocast over float32 weights
         seed=cfg.seed,
         data_seed=cfg.seed,
         # one RL step = one generation batch, minibatches x epochs optimizer steps on it
@@ -113,10 +113,11 @@ def grpo_config(cfg: RunConfig, output_dir: str | Path, progress: bool = False):
 
 
 def speed_options(cfg: RunConfig) -> dict[str, bool]:
-    """NSRGRPOTrainer's exact savings as the config sets them (trl.compact_logprobs, share_prompt, skip_zero_adv)."""
+    """NSRGRPOTrainer's speed options as the config sets them (trl.compact_logprobs, share_prompt, skip_zero_adv,
+    rollout_bf16)."""
     t = cfg.trl
     return {"compact_logprobs": t.compact_logprobs, "share_prompt": t.share_prompt,
-            "skip_zero_advantage": t.skip_zero_adv}  # fmt: skip
+            "skip_zero_advantage": t.skip_zero_adv, "rollout_bf16": t.rollout_bf16}  # fmt: skip
 
 
 def _tiny_parts(cfg: RunConfig, progress: bool):

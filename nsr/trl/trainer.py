@@ -57,6 +57,9 @@ advantage), so the counts are rate x tokens. ``premise=False`` turns it off.
 
 from __future__ import annotations
 
+import functools
+from contextlib import nullcontext
+
 import torch
 from trl import GRPOTrainer
 
@@ -65,7 +68,7 @@ from nsr.advantages import STD_EPS
 from nsr.objectives import METRIC_REDUCE, reduce_metric
 from nsr.premise import PremiseMeter, rates
 from nsr.seeds import generator
-from nsr.trl.logprobs import check_model, completion_logps
+from nsr.trl.logprobs import check_model, completion_logps, generate_with_shared_prefill
 
 LOSS_TYPES = ("dapo", "grpo")
 """TRL loss types whose aggregation this trainer reproduces: dapo = token-mean, grpo = seq-mean-token-mean."""
@@ -105,6 +108,11 @@ class NSRGRPOTrainer(GRPOTrainer):
             fractions and the premise meter are unchanged (they count tokens with A != 0 over every valid token);
             ``entropy``, ``nsr/ratio_mean`` / ``ratio_min`` / ``ratio_max`` and ``nsr/approx_kl`` are then taken over
             the tokens of the sequences that were computed.
+        rollout_bf16: generate the training rollouts under bfloat16 autocast (transformers' generate; refused with
+            vLLM). The samples change (a bfloat16 policy draws them), the ratio arithmetic does not: the old
+            log-probs are recomputed by the learner in its own precision before any update, or, with one update per
+            rollout, are the learner's own (ratio 1). With share_prompt the generation's prefill is also run once
+            per distinct prompt.
     """
 
     def __init__(
@@ -118,6 +126,7 @@ class NSRGRPOTrainer(GRPOTrainer):
         compact_logprobs: bool = False,
         share_prompt: bool = False,
         skip_zero_advantage: bool = False,
+        rollout_bf16: bool = False,
         **kw,
     ):
         if not isinstance(loss, nsr.LossConfig):
@@ -133,6 +142,7 @@ class NSRGRPOTrainer(GRPOTrainer):
         self.compact_logprobs = bool(compact_logprobs or share_prompt)
         self.share_prompt = bool(share_prompt)
         self.skip_zero_advantage = bool(skip_zero_advantage)
+        self.rollout_bf16 = bool(rollout_bf16)
         _check_speed_options(self, loss)
         self._deferred_old = None  # the rollout's old-log-prob pass, put off until the advantages are known
         self.nsr_loss = loss
@@ -197,6 +207,23 @@ class NSRGRPOTrainer(GRPOTrainer):
             model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
             **multimodal,
         )  # fmt: skip
+
+    def _generate_single_turn(self, *args, **kwargs):
+        """TRL's transformers generation of the training rollout, under bfloat16 autocast (rollout_bf16) and with each
+        distinct prompt's prefill run once (share_prompt). Evaluation and vLLM generation are TRL's."""
+        if self.use_vllm or not self.model.training or not (self.rollout_bf16 or self.share_prompt):
+            return super()._generate_single_turn(*args, **kwargs)
+        model = self.accelerator.unwrap_model(self.model)
+        original = model.generate
+        if self.share_prompt:
+            model.generate = functools.partial(generate_with_shared_prefill, model, original)
+        autocast = torch.autocast(model.device.type, dtype=torch.bfloat16) if self.rollout_bf16 else nullcontext()
+        try:
+            with autocast:
+                return super()._generate_single_turn(*args, **kwargs)
+        finally:
+            if self.share_prompt:
+                del model.generate  # the class's method again
 
     def _old_logps_of_kept_rows(self, call, advantages: torch.Tensor) -> torch.Tensor:
         """The deferred old-log-prob pass on the rows with a nonzero advantage, zeros on the others (never read:
@@ -522,6 +549,11 @@ def _check_speed_options(trainer: NSRGRPOTrainer, loss: nsr.LossConfig) -> None:
 
     if trainer.compact_logprobs:
         check_model(trainer.model, trainer.share_prompt, trainer.args.gradient_checkpointing)
+    if trainer.rollout_bf16 and trainer.use_vllm:
+        raise ValueError(
+            "rollout_bf16=True is not valid with GRPOConfig.use_vllm=True: it sets the precision of transformers' "
+            "generate; vLLM's is its own (vllm_model_impl / dtype); allowed: rollout_bf16=False with vLLM"
+        )
     if not trainer.skip_zero_advantage:
         return
     reads = []
