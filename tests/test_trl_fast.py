@@ -148,7 +148,7 @@ def test_the_trainer_routes_its_passes_through_the_compact_path(models, tmp_path
         monkeypatch.setattr(trainer_module, "completion_logps", counted)
         t = trainer(models, tmp_path / str(compact), compact_logprobs=compact)
         t.train()
-        assert len(calls) == (3 if compact else 0)  # the old-log-prob pass + two updates
+        assert len(calls) == (4 if compact else 0)  # the old-log-prob pass of each of the 2 micro-batches, 2 updates
 
 
 def rows_seen(t):
@@ -177,12 +177,13 @@ class Logs(TrainerCallback):
 class Snapshot(TrainerCallback):
     """The parameters at the end of optimizer step ``at``."""
 
-    def __init__(self, model, at: int):
-        self.model, self.at, self.params = model, at, {}
+    def __init__(self, model, at: int, seen=()):
+        self.model, self.at, self.params, self.seen, self.n_seen = model, at, {}, seen, None
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.at:
             self.params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+            self.n_seen = len(self.seen)
 
 
 def run_step(models, tmp_path, rule, skip, **kw):
@@ -228,12 +229,15 @@ def test_a_step_without_signal_still_moves_adams_moments(models, tmp_path):
         for skip in (False, True):
             t = trainer(models, tmp_path / str(skip), reward=reward_then_none(), skip_zero_advantage=skip,
                         max_steps=4)  # fmt: skip
-            seen, first = rows_seen(t), Snapshot(t.model, at=2)
+            seen = rows_seen(t)
+            first = Snapshot(t.model, at=2, seen=seen)
             t.add_callback(first)
             t.train()
-            out.append((t, seen, first.params))
-    (full, seen_full, _), (skip, seen_skip, first_skip) = out
-    assert len(seen_full) == 6 and len(seen_skip) == 3  # step 2: no pass at all with the skip
+            out.append((t, seen, first))
+    (full, seen_full, _), (skip, seen_skip, first) = out
+    first_skip = first.params
+    assert len(seen_full) == 6  # per RL step TRL's old-log-prob pass and 2 updates
+    assert 0 < first.n_seen == len(seen_skip)  # with the skip, RL step 2 computed no row at all
     for (name, a), b in zip(skip.model.named_parameters(), full.model.parameters(), strict=True):
         assert not torch.equal(a, first_skip[name])  # step 2 moved it
         torch.testing.assert_close(a, b, rtol=STEP_RTOL, atol=STEP_ATOL, msg=lambda m, n=name: f"{n}: {m}")

@@ -144,7 +144,8 @@ class NSRGRPOTrainer(GRPOTrainer):
         self.skip_zero_advantage = bool(skip_zero_advantage)
         self.rollout_bf16 = bool(rollout_bf16)
         _check_speed_options(self, loss)
-        self._deferred_old = None  # the rollout's old-log-prob pass, put off until the advantages are known
+        self._deferred_old = None  # while a rollout is scored: TRL's old-log-prob pass, recorded and put off
+        self._old_pending = False  # a put-off pass waits for the rollout's split into micro-batches
         self.nsr_loss = loss
         self.nsr_advantages, self.nsr_batch_scale = scaled_advantages(self.args.scale_rewards, advantages)
         self.nsr_seed = self.args.seed if seed is None else seed
@@ -174,6 +175,10 @@ class NSRGRPOTrainer(GRPOTrainer):
         every = self.args.steps_per_generation * self.num_iterations
         fresh = self._step % every == 0 or self._buffered_inputs is None
         out = super()._prepare_inputs(generation_batch)
+        if fresh and self._old_pending:  # the deferred old-log-prob pass, on the buffered micro-batches
+            self._old_pending = False
+            for batch in self._buffered_inputs:
+                batch["old_per_token_logps"] = self._old_logps_of(batch)
         if fresh and self.after_rollout is not None:
             self.after_rollout(self)
         return out
@@ -188,12 +193,12 @@ class NSRGRPOTrainer(GRPOTrainer):
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
         compute_aux_loss=False, **multimodal,
     ):  # fmt: skip
-        """TRL's, with two of the kit's savings: while a training rollout defers its old-log-prob pass
-        (skip_zero_advantage), that pass is recorded and answered with zeros (filled by
-        :meth:`_old_logps_of_kept_rows` once the advantages are known); with compact_logprobs a text model's
+        """TRL's, with the kit's savings: while a training rollout is scored (with compact_logprobs or
+        skip_zero_advantage), TRL's old-log-prob pass is recorded and answered with zeros, and computed once the
+        rollout is split into its micro-batches (:meth:`_old_logps_of`); with compact_logprobs a text model's
         log-probs come from nsr.trl.logprobs."""
         if self._deferred_old is not None and model is self.model and not torch.is_grad_enabled():
-            self._deferred_old.append((input_ids, attention_mask, logits_to_keep, batch_size))
+            self._deferred_old.append(len(input_ids))
             return input_ids.new_zeros((len(input_ids), logits_to_keep), dtype=torch.float32), None, None
         plain = not compute_aux_loss and all(v is None for v in multimodal.values())
         if self.compact_logprobs and plain:
@@ -225,23 +230,27 @@ class NSRGRPOTrainer(GRPOTrainer):
             if self.share_prompt:
                 del model.generate  # the class's method again
 
-    def _old_logps_of_kept_rows(self, call, advantages: torch.Tensor) -> torch.Tensor:
-        """The deferred old-log-prob pass on the rows with a nonzero advantage, zeros on the others (never read:
-        :meth:`_compute_loss` leaves those rows out). The rows keep their padded layout (same width, same
-        positions), so each kept row's old log-probs are what the full pass computes, to float32 rounding."""
-        input_ids, attention_mask, logits_to_keep, batch_size = call
-        old = torch.zeros((len(input_ids), logits_to_keep), device=input_ids.device)
-        kept = _kept_rows(advantages)
+    def _old_logps_of(self, batch: dict) -> torch.Tensor:
+        """The old log-probs of one buffered micro-batch, computed as its first update will compute the new ones:
+        the same rows (with skip_zero_advantage the rows with a nonzero advantage; zeros on the others, never read)
+        in the same composition and padded layout, so the first update of a rollout sees every ratio at exactly 1
+        whatever is shared between rows (share_prompt)."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+        n_completion = batch["completion_ids"].size(1)
+        old = torch.zeros((len(input_ids), n_completion), device=input_ids.device)
+        kept = _kept_rows(batch["advantages"]) if self.skip_zero_advantage else torch.arange(len(input_ids))
         if len(kept):
             with torch.no_grad():
                 logps, _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids[kept], attention_mask[kept], logits_to_keep, batch_size=batch_size
+                    self.model, input_ids[kept], attention_mask[kept], n_completion
                 )
             old[kept] = logps.to(old.dtype)
         return old
 
     def _generate_and_score_completions(self, inputs):
-        defer = self.skip_zero_advantage and self.model.training
+        is_correction = self.use_vllm and self.vllm_importance_sampling_correction  # reads the old pass at once
+        defer = self.model.training and (self.skip_zero_advantage or self.compact_logprobs) and not is_correction
         self._deferred_old = [] if defer else None
         try:
             out = super()._generate_and_score_completions(inputs)
@@ -265,9 +274,7 @@ class NSRGRPOTrainer(GRPOTrainer):
         self._metrics["train"]["nsr/adv_abs_mean"].append(adv.abs().mean().item())
         mixed = (grouped.amax(1) != grouped.amin(1)).float().mean()
         self._metrics["train"]["nsr/mixed_group_frac"].append(mixed.item())
-        if deferred:  # the one old-log-prob pass of this rollout (beta 0: no reference pass)
-            (call,) = deferred
-            out["old_per_token_logps"] = self._old_logps_of_kept_rows(call, out["advantages"])
+        self._old_pending = bool(deferred)  # TRL's old-log-prob pass, computed after the split (_prepare_inputs)
         return out
 
     # ------------------------------------------------------------------ loss
