@@ -37,3 +37,22 @@ def test_bench_times_each_rl_step_and_its_rollout(tiny_folder, trainer, capsys, 
     assert out["median_s_after_first"] > 0
     assert out["checkpoint_mb"] is not None  # --checkpoint saved one (None without it)
     assert out["peak_rss_gb"] > 0
+
+
+def test_profile_splits_each_step_into_phases_and_parts(tiny_folder, capsys, tmp_path, monkeypatch):
+    """--profile (experiments/trl/profile.py) on TRL's own trainer: the phases of a step add up to the step, the old
+    log-prob pass, the updates' forward and backward and the optimizer are seen, and within them the model's parts
+    (attention, MLP, the LM head's log-prob kernel), each with its phase's peak memory."""
+    monkeypatch.setenv("NSR_CACHE_DIR", str(tmp_path))
+    args = [PRESET, f"model.name={tiny_folder}", *SMALL, "--trainer", "trl", "--steps", "3", "--profile"]
+    assert bench.main(args) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    prof = out["profile"]
+    assert prof["steps"] == 2 and set(prof["seconds"]) <= {"generation", "old_logprobs", "forward", "backward",
+                                                            "optimizer", "other"}  # fmt: skip
+    assert {"generation", "old_logprobs", "forward", "backward", "optimizer"} <= set(prof["seconds"])
+    assert abs(sum(prof["seconds"].values()) - prof["total_s"]) <= 0.05 + 0.01 * prof["total_s"]
+    for part in ("generation/mlp", "old_logprobs/lm_head", "forward/attention", "forward/lm_head", "backward/mlp",
+                 "backward/lm_head"):  # fmt: skip
+        assert part in prof["parts"], part
+    assert all(v > 0 for v in prof["peak_rss_gb"].values())

@@ -11,7 +11,9 @@ the same trust region; its own advantages). torch uses every core unless NSR_THR
 One JSON line: seconds of each RL step (generation, rewards, the old log-probs and every update), their median over
 the steps after the first (TRL's start-up is in the first), the seconds of each step's generation and of its whole
 rollout (generation, rewards, old log-probs; the rest of a step is its updates), the load average at the start and
-the end, the process's peak resident memory, and the size of one TRL checkpoint (with ``--checkpoint``).
+the end, the process's peak resident memory, and the size of one TRL checkpoint (with ``--checkpoint``); with
+``--profile``, each phase's and model part's median seconds and each phase's peak memory over the steps after the
+first (experiments/trl/profile.py).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def _timed(fn, sink: list[float]):
     return wrapper
 
 
-def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
+def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False, profile: bool = False) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
@@ -82,11 +84,20 @@ def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
             trainer.args.save_strategy, trainer.args.save_steps = "steps", k
         for name in ("_generate", "_generate_and_score_completions"):  # the same methods in both trainers
             setattr(trainer, name, _timed(getattr(trainer, name), phases.setdefault(name, [])))
+        prof = None
+        if profile:
+            from experiments.trl.profile import StepProfile
+
+            prof = StepProfile(trainer, k)
         load0 = os.getloadavg()[0]
-        trainer.train()
+        try:
+            trainer.train()
+        finally:
+            if prof is not None:
+                prof.close()
         ckpts = sorted((Path(tmp) / "run").rglob("checkpoint-*"))
         ckpt_bytes = _dir_bytes(ckpts[-1]) if ckpts else None
-    return {
+    out = {
         "trainer": trainer_kind,
         "threads": threads,
         "step_s": [round(t, 2) for t in times],
@@ -101,6 +112,9 @@ def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False) -> dict:
         "checkpoint_mb": round(ckpt_bytes / 2**20, 1) if ckpt_bytes else None,
         "weights_sha256": info["weights_sha256"][:16] if info else None,
     }
+    if prof is not None:
+        out["profile"] = prof.summary()
+    return out
 
 
 def _set_threads() -> int:
@@ -125,9 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainer", choices=("kit", "trl"), default="kit")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--checkpoint", action="store_true", help="save a TRL checkpoint every RL step; report its size")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="split each step into phases and model parts, with peak memory (experiments/trl/profile.py)",
+    )
     args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)  # overrides before or after options
     cfg = load_config(args.config, args.overrides)
-    print(json.dumps(bench(cfg, args.trainer, args.steps, args.checkpoint)))
+    print(json.dumps(bench(cfg, args.trainer, args.steps, args.checkpoint, args.profile)))
     return 0
 
 
