@@ -245,8 +245,10 @@ def test_requeue_and_preemption_resume_to_the_same_metrics(tmp_path):
     for s in subs.values():
         finish(s.jobs)
     for name in interrupt:
-        # submitit's result() can return for a requeued job before its second attempt has run (it reads the
-        # first attempt's CANCELLED/REQUEUED from sacct): wait for the folder's own end state, not the handle's
+        # the folder's own end state, not only submitit's handle: the handle counts a job finished at its result
+        # pickle or at a final sacct state (between the attempts sacct reads REQUEUED, then PENDING: not final), so
+        # it returns before the run is done only if a second attempt ends without finishing it; the folder then
+        # stays `cancelled`, and the story says where the job stood
         job = RunDir(out[name]).status()["slurm_job_id"]
         wait_for(
             lambda n=name, j=job: RunDir(out[n]).state() in ("done", "failed") and squeue_state(j) == "",
