@@ -53,6 +53,7 @@ def test_profile_splits_each_step_into_phases_and_parts(tiny_folder, capsys, tmp
     assert {"generation", "old_logprobs", "forward", "backward", "optimizer"} <= set(prof["seconds"])
     assert abs(sum(prof["seconds"].values()) - prof["total_s"]) <= 0.05 + 0.01 * prof["total_s"]
     for part in ("generation/mlp", "old_logprobs/lm_head", "forward/attention", "forward/lm_head", "backward/mlp",
+                 "backward/attention",
                  "backward/lm_head"):  # fmt: skip
         assert part in prof["parts"], part
     assert all(v > 0 for v in prof["peak_rss_gb"].values())

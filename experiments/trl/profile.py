@@ -9,9 +9,10 @@ each, the model's parts, by wall time (CPU work is synchronous, so a part's seco
   gradient clipping comes before it and is in ``other``), and ``other`` (the rest of the step: rewards,
   advantages, shuffling, clipping, logging);
 * parts, within each phase: ``attention`` and ``mlp`` (every decoder layer's ``self_attn`` and ``mlp`` modules: forward
-  by forward hooks, backward by full backward hooks), ``lm_head`` (TRL's chunked log-prob head,
-  ``trl.kernels.ChunkedLogProbFunction``, forward and backward, where both trainers normalise over the vocabulary for
-  their log-probs; generation's own head is the module ``lm_head`` and counts there too);
+  by forward hooks; backward by full backward hooks on the MLP and on the whole layer, the attention's backward being
+  the layer's less the MLP's, so it includes the layer's norms and residual adds), ``lm_head`` (TRL's chunked
+  log-prob head, ``trl.kernels.ChunkedLogProbFunction``, forward and backward, where both trainers normalise over the
+  vocabulary for their log-probs; generation's own head is the module ``lm_head`` and counts there too);
 * memory: the process's resident set, sampled every 20 ms, its maximum within each phase.
 
 Hooks cost a few microseconds per module call: the totals are slightly above an unprofiled step's.
@@ -152,16 +153,19 @@ class StepProfile:
     def _hook_modules(self, model):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         layers = getattr(base.base_model, "layers", None) or getattr(base.base_model, "h", [])
-        for layer in layers:
-            for part, module in (("attention", getattr(layer, "self_attn", None) or getattr(layer, "attn", None)),
-                                 ("mlp", getattr(layer, "mlp", None))):  # fmt: skip
-                if module is not None:
-                    self._timed_module(module, part)
+        for layer in layers:  # attention is called with keyword arguments, which full backward hooks do not see:
+            # its backward is the layer's minus the MLP's (summary)
+            self._timed_module(layer, "layer", forward=False)
+            attention = getattr(layer, "self_attn", None) or getattr(layer, "attn", None)
+            if attention is not None:
+                self._timed_module(attention, "attention", backward=False)
+            if getattr(layer, "mlp", None) is not None:
+                self._timed_module(layer.mlp, "mlp")
         head = base.get_output_embeddings()
         if head is not None:
             self._timed_module(head, "lm_head", backward=False)
 
-    def _timed_module(self, module, part: str, backward: bool = True):
+    def _timed_module(self, module, part: str, forward: bool = True, backward: bool = True):
         starts = []
 
         def pre(m, args):
@@ -170,7 +174,8 @@ class StepProfile:
         def post(m, args, out):
             self._add_part(part, time.perf_counter() - starts.pop())
 
-        self._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        if forward:
+            self._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
         if backward:
             bstarts = []
 
@@ -229,6 +234,12 @@ class StepProfile:
         import statistics
 
         steps = self.steps[1:] if skip_first and len(self.steps) > 1 else self.steps
+
+        for s in steps:  # a layer's backward less its MLP's: attention with the layer's norms and residual adds
+            parts = s["parts"]
+            for name in [n for n in parts if n.endswith("/layer")]:
+                phase = name.split("/")[0]
+                parts[f"{phase}/attention"] = parts.pop(name) - parts.get(f"{phase}/mlp", 0.0)
 
         def med(key):
             names = sorted({n for s in steps for n in s[key]})
