@@ -49,10 +49,12 @@ def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False, profile:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
+    from experiments.memory import return_freed_memory
     from experiments.rundir import RunDir
     from experiments.trl.train import build_trainer, grpo_config, optimizer_steps_per_rl_step, trainer_parts
 
     threads = _set_threads()
+    return_freed_memory()  # as run_trl does, for either trainer
     cfg = cfg.replace(train=dataclasses.replace(cfg.train, steps=steps))
     k = optimizer_steps_per_rl_step(cfg)
     times: list[float] = []

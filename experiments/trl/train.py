@@ -391,9 +391,11 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
     ``before_step(step, trainer)``: called after each RL step's rollout, before its updates (experiments.mechanism.trl);
     it must leave the trainer's state unchanged.
     """
+    from experiments.memory import return_freed_memory
     from experiments.threads import set_threads
 
     set_threads()
+    return_freed_memory()  # freed activations go back to the system between steps (experiments/memory.py)
     progress = progress and cfg.logging.progress
     # experiments.run listens for SAVE_SIGNAL around the whole attempt; called directly (main thread), listen here
     own = stop_request.current() is None and threading.current_thread() is threading.main_thread()
