@@ -68,6 +68,20 @@ def optimizer_steps_per_rollout(cfg: RunConfig) -> float:
     return samples / cfg.openrlhf.train_batch_size * cfg.train.epochs
 
 
+def batch_fields(samples: int, minibatches: int, world: int, o) -> str:
+    """The batch fields that give ``minibatches`` optimizer steps per pass, as overrides to set (or why none can)."""
+    if samples % minibatches or (samples // minibatches) % world:
+        return (
+            f"no batch for train.minibatches={minibatches}: {samples} samples do not split into {minibatches} "
+            f"minibatches over {world} rank(s)"
+        )
+    batch = samples // minibatches
+    micro = max(d for d in range(1, min(o.micro_train_batch_size, batch // world) + 1) if (batch // world) % d == 0)
+    return f"for train.minibatches={minibatches}: openrlhf.train_batch_size={batch} " + (
+        f"openrlhf.micro_train_batch_size={micro}"
+    )
+
+
 def check(cfg: RunConfig) -> None:
     """Raise ConfigError for a config the cluster backend cannot run as intended."""
     o, r, t = cfg.openrlhf, cfg.rollout, cfg.train
@@ -103,17 +117,21 @@ def check(cfg: RunConfig) -> None:
             "clip rule equals the baseline; allowed: > 1 (smaller openrlhf.train_batch_size or more train.epochs), "
             "or train.allow_on_policy=true"
         )
+    world = o.nodes * o.gpus_per_node
     if samples // o.train_batch_size != t.minibatches:
         _fail(
             f"train.minibatches={t.minibatches} does not match the cluster batch: rollout.prompts_per_step x "
-            f"rollout.samples_per_prompt / openrlhf.train_batch_size = {samples // o.train_batch_size} optimizer "
-            f"steps per pass; allowed: train.minibatches={samples // o.train_batch_size}"
+            f"rollout.samples_per_prompt / openrlhf.train_batch_size = {samples} / {o.train_batch_size} = "
+            f"{samples // o.train_batch_size} optimizer steps per pass; allowed: "
+            f"train.minibatches={samples // o.train_batch_size}, or {batch_fields(samples, t.minibatches, world, o)} "
+            "(or openrlhf.train_batch_size=0: derived from train.minibatches, as the presets do)"
         )
-    world = o.nodes * o.gpus_per_node
     if o.micro_train_batch_size < 1 or o.train_batch_size % (o.micro_train_batch_size * world):
         _fail(
-            f"openrlhf.train_batch_size={o.train_batch_size} is not valid for DeepSpeed; allowed: a multiple of "
-            f"openrlhf.micro_train_batch_size x nodes x gpus_per_node = {o.micro_train_batch_size} x {world}"
+            f"openrlhf.train_batch_size={o.train_batch_size} is not valid for DeepSpeed with "
+            f"openrlhf.micro_train_batch_size={o.micro_train_batch_size}; allowed: a multiple of "
+            f"openrlhf.micro_train_batch_size x nodes x gpus_per_node = {o.micro_train_batch_size} x {world}, "
+            f"e.g. {batch_fields(samples, t.minibatches, world, o)}"
         )
     if o.micro_rollout_batch_size < 1 or samples // o.micro_rollout_batch_size < world:
         _fail(
