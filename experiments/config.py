@@ -318,6 +318,11 @@ class OpenRLHFConfig:
     RunConfig, its config.yaml and its run id then hold the number."""
     gradient_checkpointing: bool = True
     bf16: bool = True
+    """true: the DeepSpeed actor in bfloat16 (bf16 weights, fp32 master weights; ``--ds.param_dtype bf16``). false:
+    float32, on a CPU run only (``openrlhf.cpu``; ``--nsr.fp32``): the actor's weights, gradients, Adam and log-probs
+    in float32, vLLM still bfloat16 (OpenRLHF 0.11.2 builds its engines so), the weights cast to bfloat16 at each
+    sync (nsr/openrlhf/cpu_shim.py). Refused on GPU: OpenRLHF's ``--ds.param_dtype`` takes bf16 or fp16 only, and
+    fp16 (loss scaling) is not offered."""
     colocate_all: bool = True
     save_steps: int = 50
     """Checkpoint interval in RL steps (the offline evaluator reads these checkpoints)."""

@@ -65,7 +65,8 @@ def assert_parsed_equals_config(args, cfg, run_dir: Path, run_id: str):
     assert (args.actor.num_nodes, args.actor.num_gpus_per_node) == (o.nodes, o.gpus_per_node)
     assert (args.vllm.num_engines, args.vllm.tensor_parallel_size) == (o.vllm_engines, o.vllm_tensor_parallel)
     assert args.vllm.gpu_memory_utilization == o.vllm_gpu_memory_utilization
-    assert args.ds.zero_stage == o.zero_stage and args.ds.param_dtype == ("bf16" if o.bf16 else "fp16")
+    # bf16, or float32 through the launcher's --nsr.fp32 (a CPU run; OpenRLHF's flag has no float32)
+    assert args.ds.zero_stage == o.zero_stage and args.ds.param_dtype == "bf16"
     assert args.actor.gradient_checkpointing_enable is o.gradient_checkpointing
     assert args.ds.packing_samples is o.packing_samples
     assert args.train.colocate_all is o.colocate_all
@@ -89,6 +90,7 @@ def _check_command(cfg, tmp_path):
     assert settings.advantages == cfg.advantages
     assert Path(settings.metrics_path) == tmp_path / "run" / "metrics.jsonl"
     assert settings.max_steps == cfg.train.steps  # every arm stops at train.steps
+    assert settings.fp32 is (not cfg.openrlhf.bf16)
     args = parse(cmd.openrlhf_argv)  # OpenRLHF's parser and every check of its __main__ block
     assert_parsed_equals_config(args, cfg, tmp_path / "run", "run-1234abcd")
     return args
@@ -149,6 +151,7 @@ REFUSALS = [
         "train_batch_size=512 is not valid for DeepSpeed with openrlhf.micro_train_batch_size=128.*e.g. for "
         "train.minibatches=16: openrlhf.train_batch_size=512 openrlhf.micro_train_batch_size=64",
     ),
+    (["openrlhf.bf16=false"], "openrlhf.bf16=false is not valid on a GPU run.*allowed: true"),
     (["openrlhf.vllm_engines=4"], "must equal nodes x gpus_per_node = 8"),
     (["loss.level=sequence"], "train.agg_mode='token-mean' is not valid with loss.level='sequence'"),
     (["openrlhf.extra_args=[--actor.adam.lr, '1e-5']"], "extra_args sets --actor.adam.lr"),
@@ -177,6 +180,7 @@ def test_refusals_name_the_keys(overrides, match, tmp_path):
 PRESET_BATCH = {
     "openrlhf-cpu": (8, 4),
     "smollm2-openrlhf-cpu": (32, 8),
+    "smollm2-openrlhf-cpu-fp32": (32, 8),
     "qwen2.5-math-7b-dapo": (512, 4),
     "qwen3-8b-dapo": (512, 2),
     "qwen3-30b-a3b-gspo": (512, 1),

@@ -158,10 +158,16 @@ def check(cfg: RunConfig) -> None:
             "openrlhf.zero_stage=0 with train.dgg=true: DGG skips a step through the ZeRO optimizer "
             "(nsr/openrlhf/gate.py); allowed: 1, 2, 3"
         )
+    if not o.bf16 and not o.cpu:
+        _fail(
+            "openrlhf.bf16=false is not valid on a GPU run: OpenRLHF 0.11.2's --ds.param_dtype takes bf16 or fp16 "
+            "only; float32 is the CPU path's (openrlhf.cpu=true: nsr/openrlhf/cpu_shim.py) and fp16 (DeepSpeed's "
+            "loss scaling) is not offered; allowed: true"
+        )
     if t.dgg and not o.bf16:
         _fail(
-            "openrlhf.bf16=false with train.dgg=true: a skipped step would also halve DeepSpeed's fp16 loss "
-            "scale; allowed: true"
+            "openrlhf.bf16=false with train.dgg=true: DGG's skipped step (the ZeRO optimizer's overflow path, "
+            "nsr/openrlhf/gate.py) is tested in bfloat16 only; allowed: true"
         )
     if not 0 < o.vllm_gpu_memory_utilization <= 1:
         _fail(f"openrlhf.vllm_gpu_memory_utilization={o.vllm_gpu_memory_utilization} is not valid; allowed: (0, 1]")
@@ -266,7 +272,8 @@ def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str
         ("--vllm.tensor_parallel_size", [str(o.vllm_tensor_parallel)]),
         ("--vllm.gpu_memory_utilization", [_num(o.vllm_gpu_memory_utilization)]),
         ("--ds.zero_stage", [str(o.zero_stage)]),
-        ("--ds.param_dtype", ["bf16" if o.bf16 else "fp16"]),
+        # float32 (a CPU run's openrlhf.bf16=false) is the launcher's --nsr.fp32: OpenRLHF's flag has no such choice
+        *([("--ds.param_dtype", ["bf16"])] if o.bf16 else []),
         # run folder: checkpoints (DeepSpeed for resume, HF for the offline evaluator) and TensorBoard
         ("--ckpt.path", [str(run_dir / "ckpt")]),
         ("--ckpt.output_dir", [str(run_dir / "ckpt" / "final_hf")]),
@@ -319,6 +326,7 @@ def nsr_settings(cfg: RunConfig, run_dir: Path) -> NSRSettings:
         max_steps=t.steps,
         **({"dgg": True, "dgg_k": t.dgg_k, "dgg_window": t.dgg_window} if t.dgg else {}),
         **({"allow_on_policy": True} if t.allow_on_policy else {}),
+        **({} if cfg.openrlhf.bf16 else {"fp32": True}),
     )
 
 

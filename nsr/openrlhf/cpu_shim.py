@@ -25,6 +25,11 @@ What reaches which process:
   the received tensors and reloads them all at once with the model runner's ``reload_weights`` when OpenRLHF sends
   the last one (``empty_cache=True``), then re-ties a tied lm_head to the new embedding (:func:`retie`).
 
+Precision: the actor trains in OpenRLHF's ``--ds.param_dtype`` (bf16, the default) or, with the launcher's
+``--nsr.fp32`` (a CPU preset's ``openrlhf.bf16: false``), in float32 (:func:`patch_fp32`); vLLM's engines are bfloat16
+either way (OpenRLHF 0.11.2 builds them so), and :class:`CPUWorkerExtension` rounds a float32 actor's weights to
+bfloat16 as it receives them. The old log-probs the ratios use are the actor's own, in its dtype.
+
 flash_attn (imported at module top by OpenRLHF's ring-attention code, CUDA only) gets an import-only stand-in whose
 functions raise: the CPU preset needs ``packing_samples: false`` and eager attention, so none is called.
 
@@ -350,12 +355,31 @@ def weights_sha256(named) -> str:
     return h.hexdigest()
 
 
+def patch_fp32() -> None:
+    """A ``--nsr.fp32`` run (openrlhf.bf16=false): the launcher sets ``args.ds.param_dtype = "fp32"``, which OpenRLHF
+    0.11.2's ``convert_to_torch_dtype`` (bf16 and fp16 only) maps to float32 here, so ``Actor`` loads the model in
+    float32; the DeepSpeed config it builds then enables neither bf16 nor fp16, and DeepSpeed trains in float32."""
+    import torch
+    from openrlhf.utils import utils
+
+    convert = utils.convert_to_torch_dtype
+    if getattr(convert, "_nsr_cpu", False):
+        return
+
+    def convert_to_torch_dtype(param_dtype: str):
+        return torch.float32 if param_dtype == "fp32" else convert(param_dtype)
+
+    convert_to_torch_dtype._nsr_cpu = True
+    utils.convert_to_torch_dtype = convert_to_torch_dtype  # Actor and the other models import it at call time
+
+
 def setup_worker() -> None:
     """Ray's ``worker_process_setup_hook``: runs in every Ray worker before it imports any task or actor."""
     os.environ.update(cpu_env())
     stand_in_flash_attn()
     patch_torch_cuda()
     patch_replay_buffer()
+    patch_fp32()
     patch_deepspeed()
     patch_weight_sync()
     patch_resume_sync()
@@ -408,11 +432,13 @@ class CPUWorkerExtension:
     def update_weight(self, name, dtype, shape, empty_cache=False):
         import torch
 
-        if dtype != self.model_config.dtype:
-            raise RuntimeError(f"weight {name}: sent as {dtype}, vLLM holds {self.model_config.dtype}")
+        held = self.model_config.dtype
+        if dtype not in (held, torch.float32):
+            raise RuntimeError(f"weight {name}: sent as {dtype}, vLLM holds {held}; allowed: {held} or torch.float32")
         weight = torch.empty(shape, dtype=dtype, device="cpu")
         self._model_update_group.broadcast(weight, src=0)
-        self._nsr_received.append((name, weight))
+        # a float32 actor (--nsr.fp32): vLLM serves the weights rounded to its own dtype, as it would load them
+        self._nsr_received.append((name, weight.to(held)))
         if empty_cache:  # OpenRLHF marks the last parameter of a sync
             received, self._nsr_received = self._nsr_received, []
             self.model_runner.reload_weights(weights_iterator=iter(received))
@@ -420,7 +446,8 @@ class CPUWorkerExtension:
             self._nsr_syncs += 1
             n = self._nsr_syncs
             digest = weights_sha256(received)  # what vLLM now serves, for the resume test to compare with a checkpoint
-            what = f"{len(received)} weights from the actor (sync {n}, {dtype}, sha256 {digest})"
+            sent = f"{dtype} cast to {held}" if dtype != held else f"{dtype}"
+            what = f"{len(received)} weights from the actor (sync {n}, {sent}, sha256 {digest})"
             print(f"{__name__}: vLLM reloaded {what}", flush=True)
 
 
@@ -475,6 +502,7 @@ def install_driver(args) -> None:
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses fake GPUs beyond the devices it lists
     stand_in_flash_attn()
     patch_torch_cuda()
+    patch_fp32()
     use_cpu_worker_extension()
     cpus, gpus = resources(args)
     ray.init(
