@@ -214,7 +214,8 @@ def test_a_float32_actor_trains_and_vllm_serves_its_weights_rounded_to_bf16(tmp_
     """openrlhf.bf16=false on the CPU preset: the DeepSpeed actor, its Adam and its log-probs in float32 (the launcher's
     --nsr.fp32), vLLM in bfloat16. Each rollout's first update sees ratios of 1 (max |r - 1| <= 1e-6, nothing
     clipped: the old log-probs are the float32 actor's own; the shim's test-only ratio log), and after step 2 vLLM
-    reloads the step-2 checkpoint's float32 weights rounded to bfloat16, byte for byte (sha256)."""
+    reloads the step-2 checkpoint's float32 weights rounded to bfloat16, byte for byte (sha256). The policy rank runs
+    at niceness 0 (the shim's RAY_worker_niceness; Ray's default is 15)."""
     run_dir, log = tmp_path / "fp32", tmp_path / "ratios.jsonl"
     run(
         "openrlhf.bf16=false",
@@ -232,6 +233,7 @@ def test_a_float32_actor_trains_and_vllm_serves_its_weights_rounded_to_bf16(tmp_
     first = [r for r in trained if r["first_update"]]
     assert first and len(first) < len(trained)
     assert max(r["max_ratio_dev"] for r in first) <= 1e-6 and all(r["clip_ratio"] == 0 for r in first), first
+    assert {r["nice"] for r in trained} == {0}  # the policy rank at the launcher's priority, not Ray's nice 15
     syncs = FP32_SYNC.findall((run_dir / "openrlhf.log").read_text(errors="replace"))
     assert [n for n, _ in syncs] == ["1", "2"], syncs
     assert syncs[1][1] == weights_sha256((k, v.to(torch.bfloat16)) for k, v in step2.items())
