@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from experiments import config
 from experiments.config_errors import ConfigError
 from experiments.openrlhf.config_checks import check_config as check_openrlhf
+from experiments.openrlhf.config_checks import derive_batch as derive_openrlhf
 from experiments.tiny.config_checks import check_config as check_tiny
 from experiments.trl.config_checks import check_config as check_trl
 from nsr.registry import Registry
@@ -64,6 +65,9 @@ class Backend:
     """Whether a run needs a Ray cluster over its SLURM allocation's nodes (slurm/ray_cluster.py)."""
     command: Callable[[RunConfig, Path, str], Any] | None = None
     """The launcher command of a run that runs outside this process (``--dry-run`` prints it; None: in process)."""
+    derive: Callable[[RunConfig], dict[str, Any]] | None = None
+    """Fields its RunConfig derives from others at construction, before the checks ({section: section with the
+    derived values}; experiments.config.BACKEND_DERIVE). None: nothing is derived."""
     save_signal: str | None = None
     """The signal (``USR1``) on which a run finishes its step, saves a checkpoint and stops; recorded in status.json
     for each attempt, read by ``python -m slurm.stop``. None: SIGTERM stops the run at once (last checkpoint)."""
@@ -75,7 +79,7 @@ BACKENDS: Registry[Backend] = Registry("backend")
 def register(backend: Backend) -> Backend:
     """Add ``backend`` to :data:`BACKENDS` and its checks and identity to the schema."""
     BACKENDS.register(backend.name)(backend)
-    config.register_backend(backend.name, backend.check, backend.identity)
+    config.register_backend(backend.name, backend.check, backend.identity, backend.derive)
     return backend
 
 
@@ -169,6 +173,7 @@ register(
         runs="OpenRLHF 0.11.2's PPO/GRPO loop with the nsr loss, launched on a Ray cluster (experiments/openrlhf)",
         run=_openrlhf_run,
         check=check_openrlhf,
+        derive=derive_openrlhf,
         preflight=_openrlhf_preflight,
         identity=(*_METHOD, "model", "task", "openrlhf", "logging.keep_checkpoint"),
         plan=_openrlhf_plan,

@@ -41,15 +41,27 @@ BACKEND_CHECKS: dict[str, Callable[[RunConfig], None]] = {}
 IDENTITY: dict[str, tuple[str, ...]] = {}
 """Backend name -> the dotted fields (a section stands for all its fields) that a run's outputs depend on (filled by
 :func:`register_backend`; each backend's record in experiments/backends.py says why its fields are there)."""
+BACKEND_DERIVE: dict[str, Callable[[RunConfig], dict[str, Any]]] = {}
+"""Backend name -> the fields its RunConfig derives from others at construction ({section: the section with the
+derived values}); the RunConfig then holds the derived values, so its dict, config.yaml and run id carry the numbers
+the run uses."""
 
 
-def register_backend(name: str, check: Callable[[RunConfig], None], identity: tuple[str, ...]) -> None:
-    """Make ``name`` a valid ``backend``, with the config checks every RunConfig of it passes at construction and the
-    fields its run id hashes. Called once per backend by experiments/backends.py."""
+def register_backend(
+    name: str,
+    check: Callable[[RunConfig], None],
+    identity: tuple[str, ...],
+    derive: Callable[[RunConfig], dict[str, Any]] | None = None,
+) -> None:
+    """Make ``name`` a valid ``backend``, with the config checks every RunConfig of it passes at construction, the
+    fields its run id hashes and, optionally, the fields it derives (:data:`BACKEND_DERIVE`). Called once per backend
+    by experiments/backends.py."""
     if name in BACKEND_CHECKS:
         raise ValueError(f"backend {name!r} is registered twice")
     BACKEND_CHECKS[name] = check
     IDENTITY[name] = tuple(identity)
+    if derive is not None:
+        BACKEND_DERIVE[name] = derive
 
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -294,12 +306,23 @@ class OpenRLHFConfig:
     vllm_gpu_memory_utilization: float = 0.6
     zero_stage: int = 2
     micro_train_batch_size: int = 4
+    """Sequences per forward/backward on each DeepSpeed rank (``--train.micro_batch_size``). With
+    ``train_batch_size: 0`` (derived) it is at most the derived batch per rank: a larger value is lowered to that and
+    recorded so."""
     micro_rollout_batch_size: int = 8
     train_batch_size: int = 512
     """Samples per optimizer step (OpenRLHF --train.batch_size); with rollout.prompts_per_step x
-    samples_per_prompt samples per rollout this fixes the optimizer steps per rollout."""
+    samples_per_prompt samples per rollout this fixes the optimizer steps per rollout. 0 = derived from
+    ``train.minibatches`` when the RunConfig is built: rollout.prompts_per_step x rollout.samples_per_prompt /
+    train.minibatches (the presets' setting, so ``train.minibatches=16`` is all a 16-update schedule takes); the
+    RunConfig, its config.yaml and its run id then hold the number."""
     gradient_checkpointing: bool = True
     bf16: bool = True
+    """true: the DeepSpeed actor in bfloat16 (bf16 weights, fp32 master weights; ``--ds.param_dtype bf16``). false:
+    float32, on a CPU run only (``openrlhf.cpu``; ``--nsr.fp32``): the actor's weights, gradients, Adam and log-probs
+    in float32, vLLM still bfloat16 (OpenRLHF 0.11.2 builds its engines so), the weights cast to bfloat16 at each
+    sync (nsr/openrlhf/cpu_shim.py). Refused on GPU: OpenRLHF's ``--ds.param_dtype`` takes bf16 or fp16 only, and
+    fp16 (loss scaling) is not offered."""
     colocate_all: bool = True
     save_steps: int = 50
     """Checkpoint interval in RL steps (the offline evaluator reads these checkpoints)."""
@@ -334,7 +357,7 @@ class OpenRLHFConfig:
         check_field("openrlhf", "zero_stage", self.zero_stage in (0, 1, 2, 3), "0, 1, 2, 3", self.zero_stage)
         check_range("openrlhf", "micro_train_batch_size", self.micro_train_batch_size, 1, MAX_BATCH)
         check_range("openrlhf", "micro_rollout_batch_size", self.micro_rollout_batch_size, 1, MAX_BATCH)
-        check_range("openrlhf", "train_batch_size", self.train_batch_size, 1, MAX_BATCH)
+        check_range("openrlhf", "train_batch_size", self.train_batch_size, 0, MAX_BATCH)
         check_range("openrlhf", "save_steps", self.save_steps, 1, MAX_STEPS)
         check_range("openrlhf", "lr_warmup_ratio", self.lr_warmup_ratio, 0, 1)
         check_range("openrlhf", "overlong_buffer_len", self.overlong_buffer_len, 0, MAX_TOKENS)
@@ -398,6 +421,9 @@ class RunConfig:
         if self.backend not in BACKEND_CHECKS:
             raise ConfigError(f"backend={self.backend!r} is not valid; allowed: {', '.join(BACKEND_CHECKS)}")
         check_range("RunConfig", "seed", self.seed, 0, SEED_MAX)
+        derive = BACKEND_DERIVE.get(self.backend)
+        for name, section in (derive(self) if derive else {}).items():
+            object.__setattr__(self, name, section)  # frozen: the derived values, set once, before any check
         BACKEND_CHECKS[self.backend](self)  # model / task / batch checks of the backend that runs it
 
     # ---------------------------------------------------------------- views

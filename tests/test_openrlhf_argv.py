@@ -65,7 +65,8 @@ def assert_parsed_equals_config(args, cfg, run_dir: Path, run_id: str):
     assert (args.actor.num_nodes, args.actor.num_gpus_per_node) == (o.nodes, o.gpus_per_node)
     assert (args.vllm.num_engines, args.vllm.tensor_parallel_size) == (o.vllm_engines, o.vllm_tensor_parallel)
     assert args.vllm.gpu_memory_utilization == o.vllm_gpu_memory_utilization
-    assert args.ds.zero_stage == o.zero_stage and args.ds.param_dtype == ("bf16" if o.bf16 else "fp16")
+    # bf16, or float32 through the launcher's --nsr.fp32 (a CPU run; OpenRLHF's flag has no float32)
+    assert args.ds.zero_stage == o.zero_stage and args.ds.param_dtype == "bf16"
     assert args.actor.gradient_checkpointing_enable is o.gradient_checkpointing
     assert args.ds.packing_samples is o.packing_samples
     assert args.train.colocate_all is o.colocate_all
@@ -89,6 +90,7 @@ def _check_command(cfg, tmp_path):
     assert settings.advantages == cfg.advantages
     assert Path(settings.metrics_path) == tmp_path / "run" / "metrics.jsonl"
     assert settings.max_steps == cfg.train.steps  # every arm stops at train.steps
+    assert settings.fp32 is (not cfg.openrlhf.bf16)
     args = parse(cmd.openrlhf_argv)  # OpenRLHF's parser and every check of its __main__ block
     assert_parsed_equals_config(args, cfg, tmp_path / "run", "run-1234abcd")
     return args
@@ -137,9 +139,19 @@ def test_presets_give_many_optimizer_steps_per_rollout():
 
 REFUSALS = [
     (["openrlhf.train_batch_size=8192"], r"one optimizer step per rollout.*8192 / 8192 x 1 = 1\)"),
-    (["train.minibatches=4"], "train.minibatches=4 does not match.*allowed: train.minibatches=16"),
+    (
+        ["openrlhf.train_batch_size=512", "train.minibatches=4"],
+        "train.minibatches=4 does not match.*allowed: train.minibatches=16, or for train.minibatches=4: "
+        "openrlhf.train_batch_size=2048 openrlhf.micro_train_batch_size=4 "
+        r"\(or openrlhf.train_batch_size=0: derived",
+    ),
     (["openrlhf.train_batch_size=500"], "openrlhf.train_batch_size=500 is not valid; allowed: a divisor"),
-    (["openrlhf.micro_train_batch_size=128"], "not valid for DeepSpeed"),
+    (
+        ["openrlhf.train_batch_size=512", "openrlhf.micro_train_batch_size=128"],
+        "train_batch_size=512 is not valid for DeepSpeed with openrlhf.micro_train_batch_size=128.*e.g. for "
+        "train.minibatches=16: openrlhf.train_batch_size=512 openrlhf.micro_train_batch_size=64",
+    ),
+    (["openrlhf.bf16=false"], "openrlhf.bf16=false is not valid on a GPU run.*allowed: true"),
     (["openrlhf.vllm_engines=4"], "must equal nodes x gpus_per_node = 8"),
     (["loss.level=sequence"], "train.agg_mode='token-mean' is not valid with loss.level='sequence'"),
     (["openrlhf.extra_args=[--actor.adam.lr, '1e-5']"], "extra_args sets --actor.adam.lr"),
@@ -163,6 +175,75 @@ def test_refusals_name_the_keys(overrides, match, tmp_path):
     with pytest.raises(ConfigError, match=match):
         build_command(cfg, tmp_path, "x")
     assert not (tmp_path / "ckpt").exists()
+
+
+PRESET_BATCH = {
+    "openrlhf-cpu": (8, 4),
+    "smollm2-openrlhf-cpu": (32, 8),
+    "smollm2-openrlhf-cpu-fp32": (32, 8),
+    "qwen2.5-math-7b-dapo": (512, 4),
+    "qwen3-8b-dapo": (512, 2),
+    "qwen3-30b-a3b-gspo": (512, 1),
+}
+"""(openrlhf.train_batch_size, micro_train_batch_size) each OpenRLHF preset set before the batch was derived."""
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_BATCH))
+def test_the_presets_derive_the_batch_they_set_before(preset):
+    """``train_batch_size: 0`` in the preset file; the RunConfig holds the number train.minibatches implies, which is
+    the one the file held before: the same config dict, so the same run id."""
+    import yaml
+
+    assert yaml.safe_load((PRESETS / f"{preset}.yaml").read_text())["openrlhf"]["train_batch_size"] == 0
+    batch, micro = PRESET_BATCH[preset]
+    cfg = _cfg(preset)
+    explicit = _cfg(preset, [f"openrlhf.train_batch_size={batch}", f"openrlhf.micro_train_batch_size={micro}"])
+    assert (cfg.openrlhf.train_batch_size, cfg.openrlhf.micro_train_batch_size) == (batch, micro)
+    assert cfg.to_dict() == explicit.to_dict() and cfg.run_hash() == explicit.run_hash()
+    assert load_config_text(cfg.to_yaml()).run_hash() == cfg.run_hash()  # config.yaml holds the number
+
+
+def load_config_text(text: str) -> RunConfig:
+    import yaml
+
+    from experiments.config import from_dict
+
+    return from_dict(yaml.safe_load(text))
+
+
+def test_minibatches_set_the_batch_they_imply(tmp_path):
+    """train.minibatches=16 on the SmolLM2 CPU preset: 64 samples / 16 = 4 per optimizer step, the micro-batch of 8
+    lowered to 4; the same run as the one that sets both batch fields by hand."""
+    from experiments.openrlhf.argv import optimizer_steps_per_rollout
+
+    cfg = _cfg("smollm2-openrlhf-cpu", ["train.minibatches=16", "openrlhf.dynamic_filtering=true"])
+    assert (cfg.openrlhf.train_batch_size, cfg.openrlhf.micro_train_batch_size) == (4, 4)
+    by_hand = ["train.minibatches=16", "openrlhf.dynamic_filtering=true"]
+    by_hand += ["openrlhf.train_batch_size=4", "openrlhf.micro_train_batch_size=4"]
+    assert cfg.run_hash() == _cfg("smollm2-openrlhf-cpu", by_hand).run_hash()
+    assert optimizer_steps_per_rollout(cfg) == 16
+    args = parse(build_command(cfg, tmp_path, "x").openrlhf_argv)  # OpenRLHF's parser and checks
+    assert (args.train.batch_size, args.train.micro_batch_size) == (4, 4)
+    # a cluster preset: 8192 samples / 8 = 1024 per step; the micro-batch of 2 fits 1024 / 16 ranks
+    big = _cfg("qwen3-8b-dapo", ["train.minibatches=8"])
+    assert (big.openrlhf.train_batch_size, big.openrlhf.micro_train_batch_size) == (1024, 2)
+    assert optimizer_steps_per_rollout(big) == 8
+    # a micro-batch larger than the derived batch per rank is lowered to it (and recorded so)
+    fit = _cfg("qwen2.5-math-7b-dapo", ["openrlhf.micro_train_batch_size=128"])
+    assert (fit.openrlhf.train_batch_size, fit.openrlhf.micro_train_batch_size) == (512, 64)
+
+
+@pytest.mark.parametrize(
+    "preset,minibatches,allowed",
+    [
+        ("smollm2-openrlhf-cpu", 3, "1, 2, 4, 8, 16, 32, 64"),
+        ("qwen2.5-math-7b-dapo", 2048, "1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024$"),  # 8 ranks
+    ],
+)
+def test_a_minibatch_count_that_does_not_split_the_rollout_is_refused(preset, minibatches, allowed):
+    with pytest.raises(ConfigError, match=rf"train.minibatches={minibatches} is not valid with "
+                       rf"openrlhf.train_batch_size=0 \(derived.*allowed: {allowed}"):  # fmt: skip
+        _cfg(preset, [f"train.minibatches={minibatches}"])
 
 
 def test_tiny_configs_are_refused(tmp_path):

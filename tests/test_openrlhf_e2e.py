@@ -11,6 +11,8 @@ model), the repo's math reward inside the engine, and the offline evaluator's vL
   byte for byte: sha256), and finishes: state done, one metrics.jsonl row per RL step from OpenRLHF's status dict,
   DeepSpeed and HF checkpoints, eval rows for the base model and the last step. With the shim's test-only
   NSR_OPENRLHF_CPU_SKIP_RESUME_SYNC=1 in the environment (no sync on resume) this test fails;
+* a float32 actor (``openrlhf.bf16=false``, the launcher's ``--nsr.fp32``) trains with ratios of 1 at each
+  rollout's first update, and vLLM (bfloat16) serves its weights rounded to bfloat16, byte for byte;
 * a ZeRO-3 run with two data-parallel ranks at lr 1e-2, hard rule with importance-sampling correction (so OpenRLHF
   logs ``vllm_kl``, the mean log-prob gap between vLLM's samples and the actor), shows the weight sync is real:
   while the shim's test-only switch (NSR_OPENRLHF_CPU_STALE_VLLM=3) leaves vLLM on the base model, vllm_kl exceeds
@@ -199,6 +201,42 @@ def test_nsr_run_killed_mid_run_resumes_with_a_sync_and_finishes(tmp_path):
     assert {r["problem_id"] for r in evals} == {r["problem_id"] for r in held_out}
     # after the evaluation: the HF folders it read are kept (keep_checkpoint), DeepSpeed's are pruned
     assert sorted(p.name for p in ckpt.iterdir()) == ["final_hf", "global_step4_hf"]
+
+
+FP32_SYNC = re.compile(
+    RELOADED + r" \d+ weights from the actor \(sync (\d+), torch\.float32 cast to torch\.bfloat16, "
+    r"sha256 ([0-9a-f]{64})\)"
+)
+"""The shim's line per sync of a float32 actor (--nsr.fp32): vLLM rounds the weights to its bfloat16."""
+
+
+def test_a_float32_actor_trains_and_vllm_serves_its_weights_rounded_to_bf16(tmp_path):
+    """openrlhf.bf16=false on the CPU preset: the DeepSpeed actor, its Adam and its log-probs in float32 (the launcher's
+    --nsr.fp32), vLLM in bfloat16. Each rollout's first update sees ratios of 1 (max |r - 1| <= 1e-6, nothing
+    clipped: the old log-probs are the float32 actor's own; the shim's test-only ratio log), and after step 2 vLLM
+    reloads the step-2 checkpoint's float32 weights rounded to bfloat16, byte for byte (sha256). The policy rank runs
+    at niceness 0 (the shim's RAY_worker_niceness; Ray's default is 15)."""
+    run_dir, log = tmp_path / "fp32", tmp_path / "ratios.jsonl"
+    run(
+        "openrlhf.bf16=false",
+        "train.steps=2",
+        "logging.keep_checkpoint=true",
+        "task.eval_benchmarks=[]",
+        out=run_dir,
+        env={"NSR_OPENRLHF_CPU_RATIO_LOG": str(log)},
+    )
+    assert status(run_dir)["state"] == "done"
+    assert [r["step"] for r in rows(run_dir / "metrics.jsonl")] == [1, 2]
+    step2 = load_file(run_dir / "ckpt" / "global_step2_hf" / "model.safetensors")
+    assert {v.dtype for v in step2.values()} == {torch.float32}  # the actor trained in float32
+    trained = rows(log)
+    first = [r for r in trained if r["first_update"]]
+    assert first and len(first) < len(trained)
+    assert max(r["max_ratio_dev"] for r in first) <= 1e-6 and all(r["clip_ratio"] == 0 for r in first), first
+    assert {r["nice"] for r in trained} == {0}  # the policy rank at the launcher's priority, not Ray's nice 15
+    syncs = FP32_SYNC.findall((run_dir / "openrlhf.log").read_text(errors="replace"))
+    assert [n for n, _ in syncs] == ["1", "2"], syncs
+    assert syncs[1][1] == weights_sha256((k, v.to(torch.bfloat16)) for k, v in step2.items())
 
 
 def test_weight_sync_is_real_zero3_two_ranks(tmp_path):

@@ -30,7 +30,7 @@ def openrlhf_presets() -> dict[str, object]:
     return {name: cfg for name, cfg in cfgs.items() if cfg.backend == "openrlhf"}
 
 
-CPU_PRESETS = {"openrlhf-cpu", "smollm2-openrlhf-cpu"}
+CPU_PRESETS = {"openrlhf-cpu", "smollm2-openrlhf-cpu", "smollm2-openrlhf-cpu-fp32"}
 
 
 def test_only_the_cpu_presets_switch_the_shim_on(tmp_path):

@@ -3,6 +3,7 @@ nsr/openrlhf/mapping.py), its exit status, the --nsr flags generated from the co
 hash every random stream uses."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 import typing
@@ -21,6 +22,7 @@ from nsr.openrlhf.settings import NSRSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "sweeps" / "presets" / "qwen2.5-math-7b-dapo.yaml"
+CPU_PRESET = ROOT / "sweeps" / "presets" / "smollm2-openrlhf-cpu.yaml"
 
 
 def _argv(*overrides, extra=()):
@@ -92,9 +94,31 @@ def test_dgg_flags_reach_the_settings_and_bad_ones_are_refused_before_ray():
     assert launch.prepare(_argv())[0].dgg is False
     with pytest.raises(launch.LaunchError, match=r"--nsr.dgg_k=1.0 is not valid; allowed: a finite number > 1"):
         launch.prepare(_argv("train.dgg=true", extra=["--nsr.dgg_k", "1.0"]))
-    cfg = load_config(PRESET, ["train.dgg=true", "openrlhf.bf16=false"])
-    with pytest.raises(ConfigError, match=r"openrlhf.bf16=false with train.dgg=true.*allowed: true"):
+    cfg = load_config(CPU_PRESET, ["train.dgg=true", "openrlhf.bf16=false"])
+    with pytest.raises(ConfigError, match=r"openrlhf.bf16=false with train.dgg=true.*bfloat16 only; allowed: true"):
         build_command(cfg, "/tmp/nsr-launch-test", "x")
+    with pytest.raises(launch.LaunchError, match=r"--nsr.dgg with --nsr.fp32.*allowed: --nsr.fp32 false"):
+        launch.prepare(_argv("train.dgg=true", extra=["--nsr.fp32", "true"]))
+
+
+def test_fp32_is_a_cpu_runs_and_refused_elsewhere(tmp_path):
+    """openrlhf.bf16=false: --nsr.fp32 on a CPU preset (no --ds.param_dtype: OpenRLHF's has no float32), refused on a
+    GPU preset by the config, by the launcher without the CPU shim's switch, and with a --ds.param_dtype beside it."""
+    cmd = build_command(load_config(CPU_PRESET, ["openrlhf.bf16=false"]), tmp_path, "x")
+    assert "--ds.param_dtype" not in cmd.openrlhf_argv and cmd.nsr_argv[-2:] == ["--nsr.fp32", "True"]
+    assert cmd.env == {launch.CPU_ENV: "1"}
+    assert launch.prepare(cmd.argv[3:])[0].fp32 is True
+    with pytest.raises(launch.LaunchError, match=r"--nsr.fp32 with --ds.param_dtype fp16.*leave --ds.param_dtype out"):
+        launch.prepare(cmd.argv[3:] + ["--ds.param_dtype", "fp16"])
+    bf16 = build_command(load_config(CPU_PRESET), tmp_path, "x")
+    assert bf16.openrlhf_argv[bf16.openrlhf_argv.index("--ds.param_dtype") + 1] == "bf16"
+    assert "--nsr.fp32" not in bf16.nsr_argv and launch.prepare(bf16.argv[3:])[0].fp32 is False
+    with pytest.raises(ConfigError, match="openrlhf.bf16=false is not valid on a GPU run"):
+        build_command(load_config(PRESET, ["openrlhf.bf16=false"]), tmp_path, "x")
+    env = {k: v for k, v in os.environ.items() if k != launch.CPU_ENV}
+    p = subprocess.run([sys.executable, "-m", "nsr.openrlhf.launch", *cmd.argv[3:]], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120, env=env)  # fmt: skip
+    assert p.returncode == launch.EXIT_REFUSED and "--nsr.fp32 without NSR_OPENRLHF_CPU=1" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("overrides,extra,match", REFUSED)
@@ -142,7 +166,7 @@ def test_every_config_field_is_a_flag_except_those_openrlhf_sets():
     loss = {f"--nsr.{f.name}" for f in dataclasses.fields(LossConfig) if f.name not in mapping.FROM_OPENRLHF}
     adv = {f"--nsr.adv_{f.name}" for f in dataclasses.fields(AdvantageConfig)}
     own = {"--nsr.metrics_path", "--nsr.max_steps", "--nsr.dgg", "--nsr.dgg_k", "--nsr.dgg_window"}
-    own |= {"--nsr.allow_on_policy"}
+    own |= {"--nsr.allow_on_policy", "--nsr.fp32"}
     assert parser_flags == loss | adv | own
 
 

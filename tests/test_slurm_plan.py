@@ -485,7 +485,7 @@ def test_a_preset_carries_its_own_resources_and_the_site_entry_wins(tmp_path):
         resources(empty, "mine", spec)
 
 
-@pytest.mark.parametrize("preset", ["openrlhf-cpu", "smollm2-openrlhf-cpu"])
+@pytest.mark.parametrize("preset", ["openrlhf-cpu", "smollm2-openrlhf-cpu", "smollm2-openrlhf-cpu-fp32"])
 def test_a_cpu_openrlhf_preset_requests_no_gpu(tmp_path, capsys, preset):
     """openrlhf.cpu: the job asks for no GPU (the local SLURM has none), whatever openrlhf.gpus_per_node counts (the
     DeepSpeed ranks, CPU processes); a site entry asking for GPUs is refused naming the field."""

@@ -68,6 +68,20 @@ def optimizer_steps_per_rollout(cfg: RunConfig) -> float:
     return samples / cfg.openrlhf.train_batch_size * cfg.train.epochs
 
 
+def batch_fields(samples: int, minibatches: int, world: int, o) -> str:
+    """The batch fields that give ``minibatches`` optimizer steps per pass, as overrides to set (or why none can)."""
+    if samples % minibatches or (samples // minibatches) % world:
+        return (
+            f"no batch for train.minibatches={minibatches}: {samples} samples do not split into {minibatches} "
+            f"minibatches over {world} rank(s)"
+        )
+    batch = samples // minibatches
+    micro = max(d for d in range(1, min(o.micro_train_batch_size, batch // world) + 1) if (batch // world) % d == 0)
+    return f"for train.minibatches={minibatches}: openrlhf.train_batch_size={batch} " + (
+        f"openrlhf.micro_train_batch_size={micro}"
+    )
+
+
 def check(cfg: RunConfig) -> None:
     """Raise ConfigError for a config the cluster backend cannot run as intended."""
     o, r, t = cfg.openrlhf, cfg.rollout, cfg.train
@@ -103,17 +117,21 @@ def check(cfg: RunConfig) -> None:
             "clip rule equals the baseline; allowed: > 1 (smaller openrlhf.train_batch_size or more train.epochs), "
             "or train.allow_on_policy=true"
         )
+    world = o.nodes * o.gpus_per_node
     if samples // o.train_batch_size != t.minibatches:
         _fail(
             f"train.minibatches={t.minibatches} does not match the cluster batch: rollout.prompts_per_step x "
-            f"rollout.samples_per_prompt / openrlhf.train_batch_size = {samples // o.train_batch_size} optimizer "
-            f"steps per pass; allowed: train.minibatches={samples // o.train_batch_size}"
+            f"rollout.samples_per_prompt / openrlhf.train_batch_size = {samples} / {o.train_batch_size} = "
+            f"{samples // o.train_batch_size} optimizer steps per pass; allowed: "
+            f"train.minibatches={samples // o.train_batch_size}, or {batch_fields(samples, t.minibatches, world, o)} "
+            "(or openrlhf.train_batch_size=0: derived from train.minibatches, as the presets do)"
         )
-    world = o.nodes * o.gpus_per_node
     if o.micro_train_batch_size < 1 or o.train_batch_size % (o.micro_train_batch_size * world):
         _fail(
-            f"openrlhf.train_batch_size={o.train_batch_size} is not valid for DeepSpeed; allowed: a multiple of "
-            f"openrlhf.micro_train_batch_size x nodes x gpus_per_node = {o.micro_train_batch_size} x {world}"
+            f"openrlhf.train_batch_size={o.train_batch_size} is not valid for DeepSpeed with "
+            f"openrlhf.micro_train_batch_size={o.micro_train_batch_size}; allowed: a multiple of "
+            f"openrlhf.micro_train_batch_size x nodes x gpus_per_node = {o.micro_train_batch_size} x {world}, "
+            f"e.g. {batch_fields(samples, t.minibatches, world, o)}"
         )
     if o.micro_rollout_batch_size < 1 or samples // o.micro_rollout_batch_size < world:
         _fail(
@@ -140,10 +158,16 @@ def check(cfg: RunConfig) -> None:
             "openrlhf.zero_stage=0 with train.dgg=true: DGG skips a step through the ZeRO optimizer "
             "(nsr/openrlhf/gate.py); allowed: 1, 2, 3"
         )
+    if not o.bf16 and not o.cpu:
+        _fail(
+            "openrlhf.bf16=false is not valid on a GPU run: OpenRLHF 0.11.2's --ds.param_dtype takes bf16 or fp16 "
+            "only; float32 is the CPU path's (openrlhf.cpu=true: nsr/openrlhf/cpu_shim.py) and fp16 (DeepSpeed's "
+            "loss scaling) is not offered; allowed: true"
+        )
     if t.dgg and not o.bf16:
         _fail(
-            "openrlhf.bf16=false with train.dgg=true: a skipped step would also halve DeepSpeed's fp16 loss "
-            "scale; allowed: true"
+            "openrlhf.bf16=false with train.dgg=true: DGG's skipped step (the ZeRO optimizer's overflow path, "
+            "nsr/openrlhf/gate.py) is tested in bfloat16 only; allowed: true"
         )
     if not 0 < o.vllm_gpu_memory_utilization <= 1:
         _fail(f"openrlhf.vllm_gpu_memory_utilization={o.vllm_gpu_memory_utilization} is not valid; allowed: (0, 1]")
@@ -248,7 +272,8 @@ def openrlhf_flags(cfg: RunConfig, run_dir: Path, run_id: str) -> list[tuple[str
         ("--vllm.tensor_parallel_size", [str(o.vllm_tensor_parallel)]),
         ("--vllm.gpu_memory_utilization", [_num(o.vllm_gpu_memory_utilization)]),
         ("--ds.zero_stage", [str(o.zero_stage)]),
-        ("--ds.param_dtype", ["bf16" if o.bf16 else "fp16"]),
+        # float32 (a CPU run's openrlhf.bf16=false) is the launcher's --nsr.fp32: OpenRLHF's flag has no such choice
+        *([("--ds.param_dtype", ["bf16"])] if o.bf16 else []),
         # run folder: checkpoints (DeepSpeed for resume, HF for the offline evaluator) and TensorBoard
         ("--ckpt.path", [str(run_dir / "ckpt")]),
         ("--ckpt.output_dir", [str(run_dir / "ckpt" / "final_hf")]),
@@ -301,6 +326,7 @@ def nsr_settings(cfg: RunConfig, run_dir: Path) -> NSRSettings:
         max_steps=t.steps,
         **({"dgg": True, "dgg_k": t.dgg_k, "dgg_window": t.dgg_window} if t.dgg else {}),
         **({"allow_on_policy": True} if t.allow_on_policy else {}),
+        **({} if cfg.openrlhf.bf16 else {"fp32": True}),
     )
 
 

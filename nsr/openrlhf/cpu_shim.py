@@ -11,19 +11,26 @@ What reaches which process:
 * the launcher (Ray driver), :func:`install_driver`: CPU environment (``DS_ACCELERATOR=cpu``,
   ``VLLM_CPU_KVCACHE_SPACE``), a local Ray with as many *fake* GPUs as the run's actors and vLLM engines take
   (OpenRLHF asks Ray for ``num_gpus=1`` per actor and GPU bundles per placement group, which a CPU-only Ray never
-  grants: the actors would pend forever), every Ray worker set up by :func:`setup_worker`, and the vLLM engines told
-  to load :class:`CPUWorkerExtension` instead of OpenRLHF's ``WorkerWrap``;
+  grants: the actors would pend forever) whose workers run at niceness 0, not Ray's 15 (:data:`WORKER_NICENESS`),
+  every Ray worker set up by :func:`setup_worker`, and the vLLM engines told to load :class:`CPUWorkerExtension`
+  instead of OpenRLHF's ``WorkerWrap``;
 * every Ray worker (policy DeepSpeed ranks, the controller, the vLLM rollout actors), :func:`setup_worker` as Ray's
   ``worker_process_setup_hook``: the ``torch.cuda`` calls OpenRLHF makes (set_device, synchronize, current_device,
-  current_stream; the replay buffer's ``cuda:<i>`` device), DeepSpeed's ``torch_adam`` (FusedAdam's CPU op takes
-  minutes to build) and ZeRO-3's sequential all-gather on gloo (docs/cluster.md, "What is tested where"), and the
-  sending side of the weight sync: a gloo process group instead of the PyNccl communicator OpenRLHF's
-  ``stateless_init_process_group`` always builds;
+  current_stream; the replay buffer's ``cuda:<i>`` device), DeepSpeed's ``torch_adam`` as torch's fused CPU AdamW
+  (:data:`ADAM_PARAMS`; FusedAdam's CPU op takes minutes to build), ZeRO-3's sequential all-gather on gloo
+  (docs/cluster.md, "What is tested where"), the actor's log-probs from the response positions only
+  (nsr/openrlhf/logprobs.py), and the sending side of the weight sync: a gloo process group instead of the PyNccl
+  communicator OpenRLHF's ``stateless_init_process_group`` always builds;
 * vLLM's engine-core process (spawned by the rollout actor: no Ray hook reaches it, but vLLM imports the
   ``worker_extension_cls`` there): :class:`CPUWorkerExtension`, the receiving side of the weight sync on the CPU. vLLM
   on CPU repacks linear weights after loading, so ``model.load_weights`` per tensor fails; the extension buffers
   the received tensors and reloads them all at once with the model runner's ``reload_weights`` when OpenRLHF sends
   the last one (``empty_cache=True``), then re-ties a tied lm_head to the new embedding (:func:`retie`).
+
+Precision: the actor trains in OpenRLHF's ``--ds.param_dtype`` (bf16, the default) or, with the launcher's
+``--nsr.fp32`` (a CPU preset's ``openrlhf.bf16: false``), in float32 (:func:`patch_fp32`); vLLM's engines are bfloat16
+either way (OpenRLHF 0.11.2 builds them so), and :class:`CPUWorkerExtension` rounds a float32 actor's weights to
+bfloat16 as it receives them. The old log-probs the ratios use are the actor's own, in its dtype.
 
 flash_attn (imported at module top by OpenRLHF's ring-attention code, CUDA only) gets an import-only stand-in whose
 functions raise: the CPU preset needs ``packing_samples: false`` and eager attention, so none is called.
@@ -77,6 +84,11 @@ more threads; measured 17x slower with 2 threads on 2 loaded cores). vLLM would 
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps OpenRLHF's ``uni`` executor on the CPU (vLLM's CPU platform otherwise
 turns it into ``mp``): the model runs inside the engine-core process instead of one more process that imports vLLM
 again (~15-20 s per run on 2 busy cores); the rollout actor's AsyncLLM still runs its engine core in a process."""
+WORKER_NICENESS = "RAY_worker_niceness"
+"""The niceness Ray gives its worker processes: 15 by default, below every ordinary process. A CPU run computes in its
+Ray workers (the DeepSpeed rank, the vLLM engine), so at 15 it gets only the CPU time that other work on the machine
+leaves; :func:`install_driver` sets 0 (the launcher's own priority, the one a TRL run or any command has) unless it is
+set."""
 WORKER_EXTENSION = f"{__name__}.CPUWorkerExtension"
 OPENRLHF_ENV = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
 """What OpenRLHF's own ``ray.init`` puts in every worker (cli/train_ppo_ray.py); :func:`install_driver` starts Ray
@@ -171,9 +183,9 @@ def patch_replay_buffer() -> None:
 
 
 def patch_deepspeed() -> None:
-    """DeepSpeed's ``torch_adam`` in every engine (no FusedAdam op to build), no shm all-reduce op to build and, for
-    ZeRO-3 on gloo, ``stage3_allgather_sequential`` in every config OpenRLHF's strategy builds (HF loading and the
-    engines)."""
+    """DeepSpeed's ``torch_adam`` in every engine (no FusedAdam op to build), as torch's fused CPU AdamW
+    (:data:`ADAM_PARAMS`), no shm all-reduce op to build and, for ZeRO-3 on gloo, ``stage3_allgather_sequential`` in
+    every config OpenRLHF's strategy builds (HF loading and the engines)."""
     import deepspeed
     import deepspeed.ops
     from openrlhf.utils.deepspeed import DeepspeedStrategy
@@ -187,7 +199,7 @@ def patch_deepspeed() -> None:
 
         def with_torch_adam(*args, config=None, **kwargs):
             if config and "optimizer" in config:
-                config["optimizer"].setdefault("params", {})["torch_adam"] = True
+                config["optimizer"].setdefault("params", {}).update(ADAM_PARAMS)
             return initialize(*args, config=config, **kwargs)
 
         with_torch_adam._nsr_cpu = True
@@ -204,6 +216,15 @@ def patch_deepspeed() -> None:
 
         sequential._nsr_cpu = True
         setattr(DeepspeedStrategy, name, sequential)
+
+
+ADAM_PARAMS = {"torch_adam": True, "fused": True}
+"""What every DeepSpeed engine's optimizer config gets on a CPU run: DeepSpeed builds ``torch.optim.AdamW`` (its
+``torch_adam`` option) with torch's fused CPU kernel, one vectorised pass over the parameters. DeepSpeed's default
+for ``torch_adam`` is torch's per-tensor loop, about ten passes over the 0.5 GB of float32 master weights of
+SmolLM2 per optimizer step (measured: 3.3 s of a ZeRO-2 step's 3.7 s went to the step, 1.4 s with the fused kernel;
+docs/testbed.md, "OpenRLHF on SmolLM2"). Both compute AdamW; their results differ in float32 rounding only
+(tests/test_openrlhf_deepspeed.py)."""
 
 
 class GlooGroup:
@@ -259,7 +280,8 @@ def patch_weight_sync() -> None:
 
 def patch_ratio_log() -> None:
     """With :data:`RATIO_LOG`: per trained micro-batch, {rl_step, micro, first_update, max_ratio_dev, clip_ratio,
-    tokens} appended to that file (one line; the RL step counts ``ppo_train`` calls of this rank, from 1)."""
+    tokens, nice (the rank's niceness)} appended to that file (one line; the RL step counts ``ppo_train`` calls of
+    this rank, from 1)."""
     path = os.environ.get(RATIO_LOG)
     from openrlhf.trainer.ray import ppo_actor
 
@@ -295,6 +317,7 @@ def patch_ratio_log() -> None:
                 "max_ratio_dev": dev.max().item() if dev.numel() else 0.0,
                 "clip_ratio": float(out[1]),
                 "tokens": int(mask.sum()),
+                "nice": os.nice(0),
             }
             with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -350,13 +373,35 @@ def weights_sha256(named) -> str:
     return h.hexdigest()
 
 
+def patch_fp32() -> None:
+    """A ``--nsr.fp32`` run (openrlhf.bf16=false): the launcher sets ``args.ds.param_dtype = "fp32"``, which OpenRLHF
+    0.11.2's ``convert_to_torch_dtype`` (bf16 and fp16 only) maps to float32 here, so ``Actor`` loads the model in
+    float32; the DeepSpeed config it builds then enables neither bf16 nor fp16, and DeepSpeed trains in float32."""
+    import torch
+    from openrlhf.utils import utils
+
+    convert = utils.convert_to_torch_dtype
+    if getattr(convert, "_nsr_cpu", False):
+        return
+
+    def convert_to_torch_dtype(param_dtype: str):
+        return torch.float32 if param_dtype == "fp32" else convert(param_dtype)
+
+    convert_to_torch_dtype._nsr_cpu = True
+    utils.convert_to_torch_dtype = convert_to_torch_dtype  # Actor and the other models import it at call time
+
+
 def setup_worker() -> None:
     """Ray's ``worker_process_setup_hook``: runs in every Ray worker before it imports any task or actor."""
+    from nsr.openrlhf import logprobs
+
     os.environ.update(cpu_env())
     stand_in_flash_attn()
     patch_torch_cuda()
     patch_replay_buffer()
+    patch_fp32()
     patch_deepspeed()
+    logprobs.install()
     patch_weight_sync()
     patch_resume_sync()
     patch_ratio_log()
@@ -408,11 +453,13 @@ class CPUWorkerExtension:
     def update_weight(self, name, dtype, shape, empty_cache=False):
         import torch
 
-        if dtype != self.model_config.dtype:
-            raise RuntimeError(f"weight {name}: sent as {dtype}, vLLM holds {self.model_config.dtype}")
+        held = self.model_config.dtype
+        if dtype not in (held, torch.float32):
+            raise RuntimeError(f"weight {name}: sent as {dtype}, vLLM holds {held}; allowed: {held} or torch.float32")
         weight = torch.empty(shape, dtype=dtype, device="cpu")
         self._model_update_group.broadcast(weight, src=0)
-        self._nsr_received.append((name, weight))
+        # a float32 actor (--nsr.fp32): vLLM serves the weights rounded to its own dtype, as it would load them
+        self._nsr_received.append((name, weight.to(held)))
         if empty_cache:  # OpenRLHF marks the last parameter of a sync
             received, self._nsr_received = self._nsr_received, []
             self.model_runner.reload_weights(weights_iterator=iter(received))
@@ -420,7 +467,8 @@ class CPUWorkerExtension:
             self._nsr_syncs += 1
             n = self._nsr_syncs
             digest = weights_sha256(received)  # what vLLM now serves, for the resume test to compare with a checkpoint
-            what = f"{len(received)} weights from the actor (sync {n}, {dtype}, sha256 {digest})"
+            sent = f"{dtype} cast to {held}" if dtype != held else f"{dtype}"
+            what = f"{len(received)} weights from the actor (sync {n}, {sent}, sha256 {digest})"
             print(f"{__name__}: vLLM reloaded {what}", flush=True)
 
 
@@ -472,9 +520,11 @@ def install_driver(args) -> None:
     env = cpu_env()
     os.environ.update(env)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every worker's lines in openrlhf.log (the tests read them)
+    os.environ.setdefault(WORKER_NICENESS, "0")  # Ray's raylet (started by ray.init below) reads it
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses fake GPUs beyond the devices it lists
     stand_in_flash_attn()
     patch_torch_cuda()
+    patch_fp32()
     use_cpu_worker_extension()
     cpus, gpus = resources(args)
     ray.init(

@@ -15,7 +15,8 @@ What it does, in order (docs/cluster.md):
    (nsr/openrlhf/cli.py), then refuses combinations the layer does not support (nsr/openrlhf/mapping.py) and a
    rule that needs stale ratios with one optimizer step per rollout (:func:`check_schedule`), before Ray starts;
 3. swaps in the actor subclasses (nsr/openrlhf/actors.py) and wraps ``openrlhf.utils.get_strategy`` so that
-   ``args.nsr`` is set on the strategy that is pickled to every Ray actor; the controller is killed at SIGTERM
+   ``args.nsr`` is set on the strategy that is pickled to every Ray actor (with ``--nsr.fp32``, on a CPU run only,
+   also ``args.ds.param_dtype = "fp32"``, which the CPU shim maps to float32); the controller is killed at SIGTERM
    (``actors.StopsAtSigterm``: a stopped run stops where it is, with no more steps or checkpoints while Ray shuts
    down), for which Ray's driver checks for signals every 0.1 s (:data:`SIGNAL_CHECK_ENV`);
 4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` with runpy: OpenRLHF's parse, checks, ray.init and train().
@@ -38,6 +39,8 @@ CLI_MODULE = "openrlhf.cli.train_ppo_ray"
 CPU_ENV = "NSR_OPENRLHF_CPU"
 """Set to 1, it switches on nsr/openrlhf/cpu_shim.py (OpenRLHF's loop on a CPU); only a CPU preset
 (``openrlhf.cpu: true``) sets it."""
+FP32 = "fp32"
+"""``args.ds.param_dtype`` of a ``--nsr.fp32`` run (set after OpenRLHF's parse, whose choices are bf16 and fp16)."""
 EXIT_REFUSED = 2
 """Exit status of a refused command (as argparse's)."""
 SIGNAL_CHECK_ENV = "RAY_get_check_signal_interval_milliseconds"
@@ -115,6 +118,16 @@ def check_args(args, settings: NSRSettings) -> None:
             f"--nsr.dgg with --ds.param_dtype={args.ds.param_dtype}: a skipped step would also halve DeepSpeed's fp16 "
             "loss scale; allowed: --ds.param_dtype bf16"
         )
+    if settings.dgg and settings.fp32:
+        raise LaunchError(
+            "--nsr.dgg with --nsr.fp32: DGG's skipped step (the ZeRO optimizer's overflow path, nsr/openrlhf/gate.py) "
+            "is tested in bf16 only; allowed: --nsr.fp32 false"
+        )
+    if settings.fp32 and args.ds.param_dtype != "bf16":
+        raise LaunchError(
+            f"--nsr.fp32 with --ds.param_dtype {args.ds.param_dtype}: --nsr.fp32 sets the actor's dtype; allowed: "
+            "leave --ds.param_dtype out"
+        )
     if settings.dgg:
         check_dgg(args)
     if args.ckpt.load_enable and args.ckpt.max_num < 2:
@@ -170,6 +183,8 @@ def install(settings: NSRSettings) -> None:
 
     def get_strategy(args):
         args.nsr = settings  # pickled with the strategy into every Ray actor
+        if settings.fp32:  # the CPU shim maps it to float32 (cpu_shim.patch_fp32); DeepSpeed then enables no bf16/fp16
+            args.ds.param_dtype = FP32
         return original(args)
 
     get_strategy.__wrapped__ = original
@@ -197,6 +212,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         settings, rest = prepare(argv)
+        if settings.fp32 and os.environ.get(CPU_ENV) != "1":
+            raise LaunchError(
+                f"--nsr.fp32 without {CPU_ENV}=1: float32 is the CPU shim's (OpenRLHF 0.11.2's --ds.param_dtype takes "
+                "bf16 or fp16); allowed: --nsr.fp32 on a CPU run (openrlhf.cpu=true), else --ds.param_dtype bf16"
+            )
     except LaunchError as e:
         print(e, file=sys.stderr)
         raise SystemExit(EXIT_REFUSED) from None

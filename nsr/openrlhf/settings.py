@@ -6,8 +6,8 @@ The flags are generated from the fields of ``nsr.LossConfig`` (``--nsr.<field>``
 The clip region, dual clip and level have no flag: they come from OpenRLHF's own flags (``--actor.eps_clip_low_high``,
 ``--actor.dual_clip``, ``--actor.policy_loss_type``; nsr/openrlhf/mapping.py), so one value drives both OpenRLHF and
 the rule. The other flags belong to the layer itself: ``--nsr.metrics_path``, ``--nsr.max_steps``, Dynamic Gradient
-Gating's ``--nsr.dgg``, ``--nsr.dgg_k``, ``--nsr.dgg_window`` (nsr/openrlhf/gate.py) and ``--nsr.allow_on_policy``
-(nsr/openrlhf/launch.py's ``check_schedule``).
+Gating's ``--nsr.dgg``, ``--nsr.dgg_k``, ``--nsr.dgg_window`` (nsr/openrlhf/gate.py), ``--nsr.allow_on_policy``
+(nsr/openrlhf/launch.py's ``check_schedule``) and ``--nsr.fp32`` (a CPU run's float32 actor).
 
 The launcher parses the flags, stores the object in ``args.nsr`` and it rides inside the pickled strategy to every
 Ray actor. Nothing here imports openrlhf, so the argv builder and a dry run work on a machine without it.
@@ -92,6 +92,10 @@ class NSRSettings:
     allow_on_policy: bool = False
     """Let a rule that needs stale ratios run with one optimizer step per rollout (refused otherwise: launch.py's
     check_schedule; train.allow_on_policy)."""
+    fp32: bool = False
+    """The actor in float32 (weights, gradients, Adam, log-probs) in place of ``--ds.param_dtype``, whose choices
+    are bf16 and fp16; a CPU run only (nsr/openrlhf/cpu_shim.py loads the model in float32 and casts the weights to
+    vLLM's bfloat16 at each sync; openrlhf.bf16=false)."""
 
     def __post_init__(self):
         unknown = sorted(set(self.loss) - {f.name for f in LOSS_FIELDS})
@@ -99,8 +103,9 @@ class NSRSettings:
             raise ValueError(f"NSRSettings.loss has {unknown}; allowed: {', '.join(f.name for f in LOSS_FIELDS)}")
         if not isinstance(self.max_steps, int) or self.max_steps < 0:
             raise ValueError(f"--nsr.max_steps={self.max_steps!r} is not valid; allowed: an integer >= 0")
-        if not isinstance(self.dgg, bool):
-            raise ValueError(f"--nsr.dgg={self.dgg!r} is not valid; allowed: true, false")
+        for name in ("dgg", "fp32"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"--nsr.{name}={getattr(self, name)!r} is not valid; allowed: true, false")
         try:
             GradientGate(self.dgg_k, self.dgg_window)
         except ValueError as e:
