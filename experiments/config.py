@@ -393,6 +393,10 @@ class TRLConfig:
     update's forward and backward; parameters equal to float32 rounding, clip fractions and the premise meter
     unchanged; entropy and the ratio statistics then cover the computed sequences only. Refused for kl_cov,
     clip_cov, kl_coef != 0 and entropy_coef != 0 (NSRGRPOTrainer's skip_zero_advantage)."""
+    checkpoint_mlp: bool = False
+    """Recompute each decoder layer's MLP in the backward instead of keeping its activations (nsr.trl.checkpoint):
+    every number bit for bit as without it; less memory per training token, one more MLP forward per update. Not
+    with gradient_checkpointing."""
 
 
 @dataclass(frozen=True)
@@ -466,6 +470,7 @@ ADDED_AT_DEFAULT: dict[str, Any] = {
     "trl.share_prompt": False,
     "trl.skip_zero_adv": False,
     "trl.rollout_bf16": False,
+    "trl.checkpoint_mlp": False,
 }
 """Fields added after identity scheme 2, with the value that is the behaviour before they existed: the identity
 leaves each out while it holds that value, so every run made before it keeps its id (tests/test_identity.py), and

@@ -33,8 +33,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(mode: str) -> str:
-    return subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True).stdout.split()
+def _run(mode: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True)
+    return done.stdout.split()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")

@@ -8,6 +8,8 @@ on tiny local models (tests/trl_tiny.py) and a tiny Llama (SmolLM2's class), no 
   ends at the same parameters to float32 rounding (rtol 1e-5, atol 1e-5 = 2e-4 x lr), with equal premise-meter
   counts and clip fractions, while the skip's passes really see fewer rows; a step whose every group has equal
   rewards still moves the weights through AdamW's moments as without the skip;
+* checkpoint_mlp: one RL step with the MLPs recomputed in the backward ends at bit-identical parameters, with fewer
+  bytes kept for the backward;
 * the refusals of what would not be exact.
 """
 
@@ -77,6 +79,7 @@ def mixed_reward(prompts, completions, **kw):
 
 def trainer(models, tmp_path, policy="llama", rule="hard", reward=mixed_reward, n_train=8, **kw):
     keys = ("compact_logprobs", "share_prompt", "skip_zero_advantage", "rollout_bf16", "allow_on_policy")
+    keys += ("checkpoint_mlp",)
     options = {k: kw.pop(k) for k in keys if k in kw}
     args = grpo_args(tmp_path, **kw)
     loss = nsr.LossConfig(rule=rule, eps_low=args.epsilon, eps_high=args.epsilon_high)
@@ -344,3 +347,52 @@ def test_shared_prefill_draws_the_same_samples(models, tmp_path):
             t.train()
         completions.append(torch.cat([b["completion_ids"] for b in rollout["batches"]]))
     assert torch.equal(completions[0], completions[1])
+
+
+class SavedBytes:
+    """The bytes of every tensor autograd keeps for a backward while the context is open (outermost hooks: a
+    checkpointed block's own hooks replace them inside it, so its kept input is what counts)."""
+
+    def __init__(self):
+        self.total = 0
+
+    def pack(self, t):
+        self.total += t.numel() * t.element_size()
+        return t
+
+    def __enter__(self):
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_checkpoint_mlp_is_bit_identical_and_keeps_less(models, tmp_path, shared):
+    out = {}
+    with trl_tiny.one_thread_frozen_gc():
+        for ckpt in (False, True):
+            t = trainer(models, tmp_path / str(ckpt), rule="nsr", checkpoint_mlp=ckpt, share_prompt=shared,
+                        skip_zero_advantage=shared)  # fmt: skip
+            kinds = {type(m).__name__ for m in t.model.modules() if m.__class__.__name__.endswith("MLP")}
+            assert kinds == ({"CheckpointedLlamaMLP"} if ckpt else {"LlamaMLP"})
+            with SavedBytes() as saved:
+                t.train()
+            out[ckpt] = (t, saved.total)
+    (full, kept_full), (ckpt, kept_ckpt) = out[False], out[True]
+    assert 0 < kept_ckpt < kept_full
+    names = [n for n, _ in full.model.named_parameters()]
+    assert names == [n for n, _ in ckpt.model.named_parameters()]  # the same parameter names (checkpoints load)
+    for (name, a), b in zip(ckpt.model.named_parameters(), full.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_checkpoint_mlp_is_refused_with_gradient_checkpointing(models, tmp_path):
+    with pytest.raises(ValueError, match="checkpoint_mlp=True is not valid with GRPOConfig.gradient_checkpointing"):
+        trainer(models, tmp_path, checkpoint_mlp=True, gradient_checkpointing=True)
+    preset = REPO_ROOT / "sweeps" / "presets" / "smollm2-trl-cpu.yaml"
+    with pytest.raises(ConfigError, match="trl.gradient_checkpointing=True is not valid; allowed: false with "
+                                          "trl.checkpoint_mlp=true"):  # fmt: skip
+        load_config(preset, ["trl.checkpoint_mlp=true", "trl.share_prompt=false", "trl.gradient_checkpointing=true"])

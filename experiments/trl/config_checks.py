@@ -53,11 +53,14 @@ def check_config(cfg) -> None:
 
 def check_speed_fields(cfg) -> None:
     """trl.skip_zero_adv only where leaving zero-advantage sequences out is exact (NSRGRPOTrainer's
-    skip_zero_advantage); trl.share_prompt not with gradient checkpointing."""
+    skip_zero_advantage); trl.share_prompt and trl.checkpoint_mlp not with gradient checkpointing."""
     from nsr.objectives import zero_at_zero_advantage
 
     if cfg.trl.share_prompt:
         allowed = "false with trl.share_prompt=true (the prompt reaches the completions through its key/value cache)"
+        check_field("trl", "gradient_checkpointing", not cfg.trl.gradient_checkpointing, allowed, True)
+    if cfg.trl.checkpoint_mlp:
+        allowed = "false with trl.checkpoint_mlp=true (it recomputes every layer, the MLP included)"
         check_field("trl", "gradient_checkpointing", not cfg.trl.gradient_checkpointing, allowed, True)
     if cfg.trl.rollout_bf16:
         allowed = "false with trl.rollout_bf16=true (vLLM's precision is its own)"

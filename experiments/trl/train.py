@@ -114,10 +114,11 @@ def grpo_config(cfg: RunConfig, output_dir: str | Path, progress: bool = False):
 
 def speed_options(cfg: RunConfig) -> dict[str, bool]:
     """NSRGRPOTrainer's speed options as the config sets them (trl.compact_logprobs, share_prompt, skip_zero_adv,
-    rollout_bf16)."""
+    rollout_bf16, checkpoint_mlp)."""
     t = cfg.trl
     return {"compact_logprobs": t.compact_logprobs, "share_prompt": t.share_prompt,
-            "skip_zero_advantage": t.skip_zero_adv, "rollout_bf16": t.rollout_bf16}  # fmt: skip
+            "skip_zero_advantage": t.skip_zero_adv, "rollout_bf16": t.rollout_bf16,
+            "checkpoint_mlp": t.checkpoint_mlp}  # fmt: skip
 
 
 def _tiny_parts(cfg: RunConfig, progress: bool):

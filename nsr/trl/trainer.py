@@ -68,6 +68,7 @@ from nsr.advantages import STD_EPS
 from nsr.objectives import METRIC_REDUCE, reduce_metric
 from nsr.premise import PremiseMeter, rates
 from nsr.seeds import generator
+from nsr.trl.checkpoint import checkpoint_mlps
 from nsr.trl.logprobs import check_model, completion_logps, generate_with_shared_prefill
 
 LOSS_TYPES = ("dapo", "grpo")
@@ -113,6 +114,10 @@ class NSRGRPOTrainer(GRPOTrainer):
             log-probs are recomputed by the learner in its own precision before any update, or, with one update per
             rollout, are the learner's own (ratio 1). With share_prompt the generation's prefill is also run once
             per distinct prompt.
+        checkpoint_mlp: recompute each decoder layer's MLP in the backward instead of keeping its activations
+            (nsr.trl.checkpoint): every number bit for bit as without it, about 0.6 MB less per training token for
+            SmolLM2-135M, one more MLP forward per update. Not with gradient_checkpointing (which recomputes whole
+            layers already).
     """
 
     def __init__(
@@ -127,6 +132,7 @@ class NSRGRPOTrainer(GRPOTrainer):
         share_prompt: bool = False,
         skip_zero_advantage: bool = False,
         rollout_bf16: bool = False,
+        checkpoint_mlp: bool = False,
         **kw,
     ):
         if not isinstance(loss, nsr.LossConfig):
@@ -143,7 +149,10 @@ class NSRGRPOTrainer(GRPOTrainer):
         self.share_prompt = bool(share_prompt)
         self.skip_zero_advantage = bool(skip_zero_advantage)
         self.rollout_bf16 = bool(rollout_bf16)
+        self.checkpoint_mlp = bool(checkpoint_mlp)
         _check_speed_options(self, loss)
+        if self.checkpoint_mlp:
+            checkpoint_mlps(self.model)
         self._deferred_old = None  # while a rollout is scored: TRL's old-log-prob pass, recorded and put off
         self._old_pending = False  # a put-off pass waits for the rollout's split into micro-batches
         self.nsr_loss = loss
@@ -556,6 +565,11 @@ def _check_speed_options(trainer: NSRGRPOTrainer, loss: nsr.LossConfig) -> None:
 
     if trainer.compact_logprobs:
         check_model(trainer.model, trainer.share_prompt, trainer.args.gradient_checkpointing)
+    if trainer.checkpoint_mlp and trainer.args.gradient_checkpointing:
+        raise ValueError(
+            "checkpoint_mlp=True is not valid with GRPOConfig.gradient_checkpointing=True: that recomputes every "
+            "layer already, the MLP included; allowed: one of the two"
+        )
     if trainer.rollout_bf16 and trainer.use_vllm:
         raise ValueError(
             "rollout_bf16=True is not valid with GRPOConfig.use_vllm=True: it sets the precision of transformers' "
