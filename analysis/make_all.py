@@ -85,6 +85,33 @@ NOT_TABLED = ("demo",)
 """Sweeps make_all never tables: `make demo`'s runs (results/runs/demo), drawn by analysis.demo itself."""
 
 
+def sealed_sweeps(regime_path: Path | None = None) -> dict[str, str]:
+    """{sweep: stage section} of every stage of analysis/regime.yaml marked ``sealed: true``: a pre-registered stage
+    whose runs no table, figure, claim or README block may read before all of them are done (no interim look)."""
+    import yaml
+
+    from analysis.regime import REGIME_FILE
+
+    data = yaml.safe_load(Path(regime_path or REGIME_FILE).read_text()) or {}
+    return {
+        sec["sweep"]: name
+        for name, sec in data.items()
+        if isinstance(sec, dict) and sec.get("sealed") is True and isinstance(sec.get("sweep"), str)
+    }
+
+
+def still_sealed(sealed: dict[str, str], expected: dict, report: dict) -> dict[str, tuple[int, int]]:
+    """{sweep: (done, planned)} of the sealed sweeps that some planned run of is not yet done (a sweep file that does
+    not expand stays sealed, with planned 0)."""
+    out = {}
+    for sweep in sealed:
+        planned = set(expected.get(sweep, []))
+        done = set(report.get(sweep, {}).get("done", [])) & planned
+        if not planned or done != planned:
+            out[sweep] = (len(done), len(planned))
+    return out
+
+
 FIXED_TABLES = ("main", "claims", "posthoc", "status", "judge_collapse", "stage_a", "stage_a2", "stage_a3", "stage_r0")
 """Tables make_all always names so (tables/<name>.md): a sweep of one of these names gets tables/<sweep>_sweep.md."""
 
@@ -356,6 +383,7 @@ def make_all(
     jobs: int | None = None,
     cache: Path | None = None,
     verbose: bool = False,
+    regime_path: Path | None = None,
 ) -> dict:
     """Build everything; returns {"files": [...], "status": {...}, "claims": [...], "issues": [...], ...}.
 
@@ -363,17 +391,20 @@ def make_all(
     every core (:func:`analysis.parallel.default_jobs`) when there are at least :data:`PARALLEL_MIN_RUNS` run folders,
     else 1 (starting workers costs more than they save). ``cache``: a folder keeping each run's parsed logs
     (analysis.load.log_cache_dir(), what the command line uses unless --no-cache); None parses every run. The files
-    written depend on neither."""
+    written depend on neither. ``regime_path``: the evidence plan whose sealed stages' sweeps stay out of every output
+    until all their planned runs are done (:func:`sealed_sweeps`; default analysis/regime.yaml)."""
     out = check_out(Path(out))
     if readme is not None and Path(readme).is_file():
         check_readme_counts(readme, sweeps_dir)
     if jobs is None:
         jobs = default_jobs() if len(find_run_dirs(Path(runs))) >= PARALLEL_MIN_RUNS else 1
     with worker_pool(check_jobs(jobs, "--jobs")) as pool:
-        return _make_all(Path(runs), out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache, verbose)
+        return _make_all(Path(runs), out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache, verbose,
+                         regime_path)  # fmt: skip
 
 
-def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache, verbose=False) -> dict:
+def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, cache, verbose=False,
+              regime_path=None) -> dict:  # fmt: skip
     say = (lambda *a: None) if quiet else print
     tab_dir, fig_dir = inside(out / "tables", out), inside(out / "figures", out)
     with warnings.catch_warnings():
@@ -381,13 +412,20 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
         rs = load_runs(runs, sweeps_dir=sweeps_dir, presets_dir=presets_dir, pool=pool, cache=cache)
         curves = eval_curves(rs.eval_counts())
         summary = summarize(rs, curves=curves)
+        expected, notes = expected_runs(rs, sweeps_dir, presets_dir)
+        seals = sealed_sweeps(regime_path)
+        sealed = still_sealed(seals, expected, status_report(rs, expected))
         not_tabled = {sw: int((summary["sweep"] == sw).sum()) for sw in NOT_TABLED if (summary["sweep"] == sw).any()}
-        summary = summary[~summary["sweep"].isin(NOT_TABLED)].reset_index(drop=True)
+        summary = summary[~summary["sweep"].isin([*NOT_TABLED, *sealed])].reset_index(drop=True)
         inc = rs.included[rs.included["run"].isin(summary["run"])]
         nsr_runs = set(inc.loc[inc["loss.rule"] == "nsr", "run"]) if "loss.rule" in inc.columns else set()
         bins = rs.ratio_bins(nsr_runs)  # read here, so problems in these files reach status.md too
-    expected, notes = expected_runs(rs, sweeps_dir, presets_dir)
     notes = [*legacy_note(inc), *notes]
+    notes += [
+        f"{sweep}: sealed until all its planned runs are done ({done} of {planned}; analysis/regime.yaml, "
+        f"{seals[sweep]}): no table, figure or claim reads its runs yet"
+        for sweep, (done, planned) in sealed.items()
+    ]
     report = status_report(rs, expected)
     report = {k: v for k, v in report.items() if k not in NOT_TABLED}
     n_distinct = summary["run"].nunique()

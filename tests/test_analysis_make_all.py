@@ -394,3 +394,25 @@ def test_notes_are_one_line_per_sweep_unless_verbose(capsys):
     assert make_all.note_lines([*notes, other], verbose=True) == [*notes, other]
     make_all.print_status({}, notes)
     assert capsys.readouterr().out.count("  note: ") == len(swept)
+
+
+def test_a_sealed_stage_is_left_out_until_all_its_runs_are_done(grid, tmp_path):
+    """A stage of the evidence plan marked sealed (analysis/regime.yaml) keeps its sweep out of every table, figure,
+    claim and the README block while a planned run of it is missing (the grid's delta sweep lacks one), and is
+    tabled once every planned run is done (rescue_vs_decay has all of them)."""
+    regime = tmp_path / "regime.yaml"
+    regime.write_text("stage_x:\n  sweep: delta\n  sealed: true\nstage_y:\n  sweep: rescue_vs_decay\n  sealed: true\n")
+    assert make_all.sealed_sweeps(regime) == {"delta": "stage_x", "rescue_vs_decay": "stage_y"}
+    readme = tmp_path / "README.md"
+    readme.write_text(grid["readme"].read_text())
+    out = tmp_path / "out"
+    kw = dict(readme=readme, sweeps_dir=grid["root"] / "sweeps", presets_dir=grid["root"] / "presets", quiet=True)
+    res = make_all.make_all(grid["runs"], out, jobs=1, regime_path=regime, **kw)
+    assert "delta" not in set(res["summary"]["sweep"]) and "rescue_vs_decay" in set(res["summary"]["sweep"])
+    assert not (out / "tables" / "delta.md").exists() and not (out / "figures" / "delta_dynamics.png").exists()
+    assert (out / "tables" / "rescue_vs_decay.md").exists()
+    assert all(row["n"] == 0 for r in res["claims"] if r["claim"].sweep == "delta" for row in r["rows"])
+    status = (out / "tables" / "status.md").read_text()
+    assert "delta: sealed until all its planned runs are done (64 of 65; analysis/regime.yaml, stage_x)" in status
+    # the sealed sweep's runs are still counted as runs (the status table), never read for a statistic
+    assert len(res["status"]["delta"]["done"]) == 64
