@@ -227,3 +227,23 @@ def test_every_committed_run_folder_is_done():
     assert folders <= statuses, sorted(folders - statuses)[:5]
     not_done = [f for f in sorted(folders) if RunDir(REPO_ROOT / f).state() != "done"]
     assert not not_done, f"committed run folders that are not done: {not_done[:5]}"
+
+
+def test_every_committed_run_is_planned_by_its_sweep_file_today():
+    """A preset or sweep edit never moves a committed run: each sweep file, expanded today with the preset its runs
+    were made with, still plans every committed run of it (the same identity hash), so `slurm.submit` skips them."""
+    from experiments.sweep import SWEEPS_DIR, expand
+
+    checked = 0
+    for sweep_dir in sorted(p for p in RUNS_ROOT.iterdir() if p.is_dir()):
+        path = SWEEPS_DIR / f"{sweep_dir.name}.yaml"
+        folders = [p for p in sorted(sweep_dir.iterdir()) if (p / "config.yaml").is_file()]
+        if not path.is_file() or not folders:
+            continue
+        metas = [RunDir(p).read_config()["meta"] for p in folders]
+        presets = sorted({m.get("preset") or "tiny" for m in metas})
+        planned = {spec.config.run_hash() for pr in presets for spec in expand(path, preset=pr)}
+        for p in folders:
+            assert RunDir(p).config_hash() in planned, f"{p.relative_to(RUNS_ROOT)} is not planned by {path.name}"
+            checked += 1
+    assert checked >= 291
