@@ -6,9 +6,9 @@
 ``--trainer kit`` times the trainer the trl backend itself builds (experiments.trl.train.build_trainer: the preset's
 loss, advantages and its ``trl.*`` savings, as a run has them), writing into a temporary run folder, without
 evaluation. ``--trainer trl`` times TRL's GRPOTrainer on the same parts and GRPOConfig (its default loss: dapo with
-the same trust region; its own advantages). torch uses every core unless NSR_THREADS says otherwise. The kit returns
-freed memory to the system as a run does (experiments/memory.py; ``--glibc-default`` leaves glibc's allocator as
-it is); TRL's trainer runs with glibc's defaults, as a user runs it.
+the same trust region; its own advantages). torch uses every core unless NSR_THREADS says otherwise. The kit gives
+freed heap pages back after each optimizer step as a run does (build_trainer's callback, experiments/memory.py);
+TRL's trainer runs as a user runs it.
 
 One JSON line: seconds of each RL step (generation, rewards, the old log-probs and every update), their median over
 the steps after the first (TRL's start-up is in the first), the seconds of each step's generation and of its whole
@@ -47,20 +47,14 @@ def _timed(fn, sink: list[float]):
     return wrapper
 
 
-def bench(
-    cfg, trainer_kind: str, steps: int, checkpoint: bool = False, profile: bool = False, glibc_default: bool = False
-) -> dict:
+def bench(cfg, trainer_kind: str, steps: int, checkpoint: bool = False, profile: bool = False) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from experiments.memory import return_freed_memory
     from experiments.rundir import RunDir
     from experiments.trl.train import build_trainer, grpo_config, optimizer_steps_per_rl_step, trainer_parts
 
     threads = _set_threads()
-    # the kit's run path (run_trl) returns freed memory to the system; TRL's own trainer runs with glibc's defaults,
-    # as a user runs it (mmap'd blocks are zeroed by the kernel at every allocation: TRL's full-vocabulary logits pay)
-    freed = trainer_kind == "kit" and not glibc_default and return_freed_memory()
     cfg = cfg.replace(train=dataclasses.replace(cfg.train, steps=steps))
     k = optimizer_steps_per_rl_step(cfg)
     times: list[float] = []
@@ -108,7 +102,6 @@ def bench(
     out = {
         "trainer": trainer_kind,
         "threads": threads,
-        "return_freed_memory": freed,
         "step_s": [round(t, 2) for t in times],
         "median_s_after_first": round(statistics.median(times[1:]), 2) if len(times) > 1 else None,
         # per RL step: generation alone, and the whole rollout (generation, rewards, old log-probs, advantages);
@@ -153,14 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="split each step into phases and model parts, with peak memory (experiments/trl/profile.py)",
     )
-    p.add_argument(
-        "--glibc-default",
-        action="store_true",
-        help="the kit without experiments.memory.return_freed_memory (what it costs or saves)",
-    )
     args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)  # overrides before or after options
     cfg = load_config(args.config, args.overrides)
-    print(json.dumps(bench(cfg, args.trainer, args.steps, args.checkpoint, args.profile, args.glibc_default)))
+    print(json.dumps(bench(cfg, args.trainer, args.steps, args.checkpoint, args.profile)))
     return 0
 
 

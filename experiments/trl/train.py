@@ -301,6 +301,7 @@ def build_trainer(
     stops. ``evaluate=False``: no evaluation at the due steps (experiments.trl.bench times training only)."""
     from transformers import PrinterCallback, TrainerCallback
 
+    from experiments.memory import trim
     from nsr.trl import NSRGRPOTrainer
 
     if not progress:  # transformers' bars (checkpoint writing) too
@@ -361,13 +362,19 @@ def build_trainer(
                     control.should_save = True
                     control.should_training_stop = True
 
+    class TrimMemory(TrainerCallback):
+        """Free heap pages back to the system after each optimizer step (experiments/memory.py)."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            trim()
+
     trainer = NSRGRPOTrainer(
         model=model,
         reward_funcs=[reward],
         args=grpo_config(cfg, rd.path / CHECKPOINT_DIR, progress),
         train_dataset=data,
         processing_class=tok,
-        callbacks=[RunFolder(), SaveOnRequest()],
+        callbacks=[RunFolder(), SaveOnRequest(), TrimMemory()],
         loss=cfg.loss,
         advantages=cfg.advantages,
         seed=cfg.seed,
@@ -392,11 +399,9 @@ def run_trl(cfg: RunConfig, rd: RunDir, progress: bool = True, stop_after: int |
     ``before_step(step, trainer)``: called after each RL step's rollout, before its updates (experiments.mechanism.trl);
     it must leave the trainer's state unchanged.
     """
-    from experiments.memory import return_freed_memory
     from experiments.threads import set_threads
 
     set_threads()
-    return_freed_memory()  # freed activations go back to the system between steps (experiments/memory.py)
     progress = progress and cfg.logging.progress
     # experiments.run listens for SAVE_SIGNAL around the whole attempt; called directly (main thread), listen here
     own = stop_request.current() is None and threading.current_thread() is threading.main_thread()
