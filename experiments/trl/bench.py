@@ -6,9 +6,7 @@
 ``--trainer kit`` times the trainer the trl backend itself builds (experiments.trl.train.build_trainer: the preset's
 loss, advantages and its ``trl.*`` savings, as a run has them), writing into a temporary run folder, without
 evaluation. ``--trainer trl`` times TRL's GRPOTrainer on the same parts and GRPOConfig (its default loss: dapo with
-the same trust region; its own advantages). torch uses every core unless NSR_THREADS says otherwise. The kit gives
-freed heap pages back after each optimizer step as a run does (build_trainer's callback, experiments/memory.py);
-TRL's trainer runs as a user runs it.
+the same trust region; its own advantages). torch uses every core unless NSR_THREADS says otherwise.
 
 One JSON line: seconds of each RL step (generation, rewards, the old log-probs and every update), their median over
 the steps after the first (TRL's start-up is in the first), the seconds of each step's generation and of its whole

@@ -301,7 +301,6 @@ def build_trainer(
     stops. ``evaluate=False``: no evaluation at the due steps (experiments.trl.bench times training only)."""
     from transformers import PrinterCallback, TrainerCallback
 
-    from experiments.memory import trim
     from nsr.trl import NSRGRPOTrainer
 
     if not progress:  # transformers' bars (checkpoint writing) too
@@ -362,19 +361,13 @@ def build_trainer(
                     control.should_save = True
                     control.should_training_stop = True
 
-    class TrimMemory(TrainerCallback):
-        """Free heap pages back to the system after each optimizer step (experiments/memory.py)."""
-
-        def on_step_end(self, args, state, control, **kwargs):
-            trim()
-
     trainer = NSRGRPOTrainer(
         model=model,
         reward_funcs=[reward],
         args=grpo_config(cfg, rd.path / CHECKPOINT_DIR, progress),
         train_dataset=data,
         processing_class=tok,
-        callbacks=[RunFolder(), SaveOnRequest(), TrimMemory()],
+        callbacks=[RunFolder(), SaveOnRequest()],
         loss=cfg.loss,
         advantages=cfg.advantages,
         seed=cfg.seed,
