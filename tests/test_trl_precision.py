@@ -145,3 +145,17 @@ def test_refuses_a_backend_other_than_trl(monkeypatch):
     monkeypatch.setattr("experiments.trl.train.build_trainer", lambda *a, **kw: pytest.fail("a trainer was built"))
     with pytest.raises(ConfigError, match="backend='tiny' is not valid for experiments.trl.precision; allowed: trl"):
         precision.main(["sweeps/presets/tiny-smoke.yaml", "--updates", "3"])
+
+
+def test_the_docs_tables_are_the_committed_measurements():
+    """docs/testbed.md shows the tables of every committed SmolLM2 measurement, as --table prints them."""
+    from experiments.rundir import REPO_ROOT
+
+    files = sorted((REPO_ROOT / "results/smollm2").glob("precision-*.json"))
+    assert files
+    page = (REPO_ROOT / "docs/testbed.md").read_text()
+    for path in files:
+        data = json.loads(path.read_text())
+        assert data["config"]["trl"]["bf16"] is False and not data["git_dirty"]
+        assert precision.tables(data).split("\n", 2)[2] in page, path.name
+        assert path.relative_to(REPO_ROOT).as_posix() in page

@@ -259,8 +259,7 @@ def tables(data: dict) -> str:
     head = " | ".join(f"[{k / n_bins:.1f}, {(k + 1) / n_bins:.1f})" for k in range(n_bins))
     lines += [
         "",
-        "Premise meter, clipped tokens per depth bin (0 = the clip boundary, 1 = the rescue zone's far edge; "
-        "the last column lies beyond it), and rescued tokens:",
+        "Premise meter: clipped tokens per depth bin (0 = the clip boundary, 1 = the rescue zone's far edge), rescued:",
         "",
         f"| step | precision | side | {head} | deeper | clipped | rescued |",
         "|---|---|---|" + "---|" * (n_bins + 3),
