@@ -373,7 +373,8 @@ class TRLConfig:
     bf16: bool = False
     """The learner in bfloat16: on a GPU bf16 weights and autocast; on CPU bfloat16 autocast over float32 weights
     (AMX units: about 2x the update's speed, but bfloat16 log-probs move the ratios the premise meter reads:
-    docs/testbed.md, "Speed"). Every log-prob pass (old and new) runs in this precision."""
+    docs/testbed.md, "bfloat16 learner passes", measured by ``python -m experiments.trl.precision``). Every log-prob
+    pass (old and new) runs in this precision."""
     gradient_checkpointing: bool = False
     use_vllm: bool = False
     """Generate with vLLM colocated on the training GPU (vllm installed); False = transformers' generate."""

@@ -110,6 +110,7 @@ def test_an_old_path_stays_exactly_while_a_record_names_it():
 OPTIONS_THEN_OVERRIDES = {
     "experiments.run": ["sweeps/presets/tiny.yaml", "--out", "/nonexistent", "loss.rule=nsr", "--force", "seed=1"],
     "experiments.trl.bench": ["sweeps/presets/trl-tiny.yaml", "--trainer", "kit", "train.minibatches=4"],
+    "experiments.trl.precision": ["sweeps/presets/trl-tiny.yaml", "--updates", "2", "train.minibatches=4", "seed=1"],
     "experiments.verl_overrides": ["sweeps/presets/tiny.yaml", "--preset", "tiny", "loss.rule=nsr", "seed=1"],
     "experiments.tasks.arithmetic": ["sweeps/presets/smollm2-trl-cpu.yaml", "loss.rule=nsr", "seed=1"],
     "experiments.evaluation.spread": [

@@ -4,7 +4,8 @@ replaying and restoring one RL step of NSRGRPOTrainer in memory.
 * :func:`snapshot` / :func:`restore`: weights, AdamW and scheduler state, every RNG state, the trainer's metric buffers
   and premise meter, micro-step and optimizer-step counters, copied in host memory and put back exactly;
 * :func:`replay`: one RL step's updates with another rule on the trainer's buffered rollout, as transformers' loop
-  does them (NSRGRPOTrainer.replaying: no generation);
+  does them (NSRGRPOTrainer.replaying: no generation); :func:`optimizer_steps`: any number of its optimizer steps
+  (experiments.trl.precision);
 * :func:`clipped_weight`, :func:`weights_digest`, :func:`update_norm`: what an update did (its dose, the weights it
   left, how far it moved them).
 """
@@ -82,16 +83,35 @@ def replay(tr, loss) -> dict[str, float]:
     scheduler step, zero_grad and global_step + 1). Returns the update's clip_frac, rescue_frac (means over its
     micro-batches), grad_norm (mean over its optimizer steps) and dose (:func:`clipped_weight`). The trainer is left
     changed: restore() it."""
-    ga = tr.args.gradient_accumulation_steps
-    micro_steps = tr.args.steps_per_generation * tr.num_iterations
     start = {k: len(v) for k, v in tr._metrics["train"].items()}
     weight0, tokens0 = clipped_weight(tr)
+    tr.nsr_loss = loss
+    norms = optimizer_steps(tr, tr.args.steps_per_generation * tr.num_iterations // tr.args.gradient_accumulation_steps)
+
+    def new(key):
+        return tr._metrics["train"][key][start.get(key, 0) :]
+
+    weight, tokens = clipped_weight(tr)
+    return {
+        "clip_frac": float(np.mean(new("nsr/clip_frac"))),
+        "rescue_frac": float(np.mean(new("nsr/rescue_frac"))),
+        "grad_norm": float(np.mean(norms)) if norms else math.nan,
+        "dose": (weight - weight0) / (tokens - tokens0) if tokens > tokens0 else math.nan,
+    }
+
+
+def optimizer_steps(tr, n: int) -> list[float]:
+    """``n`` optimizer steps on the trainer's buffered rollout, as transformers' Trainer loop takes them: the
+    gradient_accumulation_steps micro-batches of each in the order the run reads them (the buffered micro-batch of
+    ``tr._step``, which each training_step advances), then at the accumulation boundary the gradient clip, the
+    optimizer step, the scheduler step, zero_grad and global_step + 1. Returns the pre-clip gradient norms (none
+    without a clip)."""
+    ga = tr.args.gradient_accumulation_steps
     model = tr.model_wrapped if tr.model_wrapped is not None else tr.model
     norms = []
-    tr.nsr_loss = loss
     tr.replaying = True
     try:
-        for i in range(micro_steps):
+        for i in range(n * ga):
             tr.current_gradient_accumulation_steps = ga
             boundary = (i + 1) % ga == 0
             tr.accelerator.gradient_state._set_sync_gradients(boundary)
@@ -105,17 +125,7 @@ def replay(tr, loss) -> dict[str, float]:
                 tr.state.global_step += 1
     finally:
         tr.replaying = False
-
-    def new(key):
-        return tr._metrics["train"][key][start.get(key, 0) :]
-
-    weight, tokens = clipped_weight(tr)
-    return {
-        "clip_frac": float(np.mean(new("nsr/clip_frac"))),
-        "rescue_frac": float(np.mean(new("nsr/rescue_frac"))),
-        "grad_norm": float(np.mean(norms)) if norms else math.nan,
-        "dose": (weight - weight0) / (tokens - tokens0) if tokens > tokens0 else math.nan,
-    }
+    return norms
 
 
 def clipped_weight(tr) -> tuple[float, float]:
