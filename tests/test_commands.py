@@ -126,6 +126,7 @@ OPTIONS_THEN_OVERRIDES = {
     "experiments.openrlhf.plan": ["sweeps/presets/qwen2.5-math-7b-dapo.yaml", "--site", "x.yaml", "loss.rule=nsr"],
     "experiments.mechanism.toy": ["train.lr=1e-4", "--out", "x", "loss.rule=nsr", "--states", "3", "seed=1"],
     "experiments.mechanism.trl": ["walk", "--out", "x", "seed=1", "--probe-set", "p", "loss.rule=nsr"],
+    "experiments.openrlhf.profile_actor": ["sweeps/presets/smollm2-openrlhf-cpu.yaml", "--rollouts", "1", "seed=1"],
 }
 """Every command with key=value overrides, called with options between and after them."""
 

@@ -1,0 +1,138 @@
+"""The speed tables of docs/testbed.md ("Speed: what a SmolLM2 step costs") from the JSON lines that hold them.
+
+    python -m devtools.speed_table                                        # results/smollm2/speed-2026-12-07.jsonl
+    python -m devtools.speed_table FILE.jsonl
+
+Each line is one measurement: ``{"table": "trl" | "profile" | "memory" | "openrlhf", "order": N, "command": ...,
+"commit": ..., "note": ..., "result": {...}}``; ``result`` is what the command printed (experiments.trl.bench's JSON
+line) or, for ``openrlhf``, the run's own metrics.jsonl columns per step (``wall_s``, ``generation_s``,
+``reward_mean``, ``dynamic_filtering_pass_rate``) with its wall time. Medians are over the steps after the first
+(start-up is in the first). Prints Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+DEFAULT = Path(__file__).resolve().parents[1] / "results" / "smollm2" / "speed-2026-12-07.jsonl"
+TABLES = ("trl", "profile", "memory", "openrlhf")
+
+
+def load(path: Path) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {t: [] for t in TABLES}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if row.get("table") not in TABLES:
+            raise SystemExit(f"{path}:{n}: table={row.get('table')!r}; allowed: {', '.join(TABLES)}")
+        out[row["table"]].append(row)
+    return out
+
+
+def _s(xs) -> str:
+    return ", ".join(f"{x:.1f}" for x in xs)
+
+
+def _range(xs) -> str:
+    return f"{min(xs):.1f}-{max(xs):.1f}"
+
+
+def after_first(xs) -> float:
+    return statistics.median(xs[1:])
+
+
+def trl_table(rows: list[dict]) -> str:
+    lines = [
+        "| order | trainer | RL steps 1-4 | median of steps 2-4 | generation | peak RSS | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: r["order"]):
+        x = r["result"]
+        name = "the kit (`NSRGRPOTrainer`, preset)" if x["trainer"] == "kit" else "TRL's own `GRPOTrainer`"
+        lines.append(
+            f"| {r['order']} | {name} | {_s(x['step_s'])} s | **{after_first(x['step_s']):.1f} s** | "
+            f"{_range(x['generate_s'])} s | {x['peak_rss_gb']:.2f} GB | {r.get('note', '')} |"
+        )
+    return "\n".join(lines)
+
+
+def ratios(rows: list[dict]) -> str:
+    """The kit's median over TRL's, for each kit run against the TRL run in the same table."""
+    trl = [r for r in rows if r["result"]["trainer"] == "trl" and not r.get("disturbed")]
+    kit = [r for r in rows if r["result"]["trainer"] == "kit" and not r.get("disturbed")]
+    if not trl or not kit:
+        return ""
+    base = after_first(trl[-1]["result"]["step_s"])
+    parts = [f"{after_first(k['result']['step_s']) / base:.2f} (run {k['order']})" for k in kit]
+    return f"The kit's median over TRL's (run {trl[-1]['order']}): " + ", ".join(parts) + "."
+
+
+def profile_table(rows: list[dict]) -> str:
+    lines = []
+    for r in rows:
+        p = r["result"]["profile"]
+        sec, parts, peak = p["seconds"], p["parts"], p["peak_rss_gb"]
+        lines += [
+            f"Median seconds per RL step over steps 2-{p['steps'] + 1} ({r['result']['threads']} threads; total "
+            f"{p['total_s']:.1f} s), and each phase's peak RSS:",
+            "",
+            "| phase | seconds | attention | MLP | LM head | peak RSS |",
+            "|---|---|---|---|---|---|",
+        ]
+        for phase in ("generation", "old_logprobs", "forward", "backward", "optimizer", "other"):
+            cells = [f"{parts[f'{phase}/{part}']:.1f}" if f"{phase}/{part}" in parts else "-"
+                     for part in ("attention", "mlp", "lm_head")]  # fmt: skip
+            lines.append(f"| {phase} | {sec[phase]:.1f} | " + " | ".join(cells) + f" | {peak[phase]:.2f} GB |")
+    return "\n".join(lines)
+
+
+def memory_table(rows: list[dict]) -> str:
+    lines = [
+        "| `trl.micro_batch_size` | `trl.checkpoint_mlp` | median step (1 thread) | backward | peak RSS | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: r["order"]):
+        x, o = r["result"], r["overrides"]
+        lines.append(
+            f"| {o['trl.micro_batch_size']} | {o['trl.checkpoint_mlp']} | {x['median_s_after_first']:.1f} s | "
+            f"{x['profile']['seconds']['backward']:.1f} s | {x['peak_rss_gb']:.2f} GB | {r.get('note', '')} |"
+        )
+    return "\n".join(lines)
+
+
+def openrlhf_table(rows: list[dict]) -> str:
+    lines = [
+        "| code | step wall_s 1, 2, 3 | median of steps 2-3 | generation 1, 2, 3 | the rest of steps 2-3 | run wall |",
+        "|---|---|---|---|---|---|",
+    ]
+    med = {}
+    for r in sorted(rows, key=lambda r: r["order"]):
+        x = r["result"]
+        rest = [w - g for w, g in zip(x["wall_s"][1:], x["generation_s"][1:])]
+        med[r["label"]] = after_first(x["wall_s"])
+        lines.append(
+            f"| {r['label']} ({r['commit']}) | {_s(x['wall_s'])} s | **{med[r['label']]:.1f} s** | "
+            f"{_s(x['generation_s'])} s | {_range(rest)} s | {x['elapsed']} |"
+        )
+    if {"before", "after"} <= set(med):
+        lines += ["", f"After over before: {med['after'] / med['before']:.2f}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m devtools.speed_table", description=__doc__.split("\n")[0])
+    p.add_argument("path", nargs="?", type=Path, default=DEFAULT)
+    a = p.parse_args(argv)
+    t = load(a.path)
+    print(trl_table(t["trl"]), "", ratios(t["trl"]), "", profile_table(t["profile"]), "", memory_table(t["memory"]),
+          "", openrlhf_table(t["openrlhf"]), sep="\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
