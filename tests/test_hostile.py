@@ -121,7 +121,8 @@ BAD_NUMBERS = [
     ("eval.seed=99999999999", r"eval\.seed=99999999999 is not valid"),
     ("train.steps=100000000", r"train\.steps=100000000 is not valid; allowed: a finite number >= 1 and <= 1000000"),
     ("openrlhf.lr_warmup_ratio=2", r"openrlhf\.lr_warmup_ratio=2\.0 is not valid; allowed: a finite number >= 0"),
-    ("openrlhf.train_batch_size=0", r"openrlhf\.train_batch_size=0 is not valid"),
+    # 0 is valid: derived from train.minibatches
+    ("openrlhf.train_batch_size=-1", r"openrlhf\.train_batch_size=-1 is not valid"),
 ]
 
 
