@@ -65,8 +65,8 @@ def test_the_cpu_path_is_switched_by_the_field_not_the_model(tmp_path):
 
 def test_the_launcher_imports_the_shim_only_when_switched_on(tmp_path):
     """The launcher's own main() on a cluster preset's command (OpenRLHF's train replaced by a recorder, flash_attn
-    by its test stand-in): the shim is never imported, nothing CPU-specific is set. Then the only import of the shim
-    in shipped code is the launcher's, behind the switch."""
+    by its test stand-in): the shim is never imported, nothing CPU-specific is set. Then the only imports of the shim
+    in shipped code are the launcher's, behind the switch, and the CPU actor profiler's (CPU presets only)."""
     cfg = load_config(PRESETS / "qwen2.5-math-7b-dapo.yaml", ["loss.rule=nsr"])
     cmd = build_command(cfg, tmp_path / "run", "run")
     code = f"""
@@ -93,7 +93,10 @@ print(json.dumps({{"ran": ran, "shim": "nsr.openrlhf.cpu_shim" in sys.modules,
             module = node.module if isinstance(node, ast.ImportFrom) else ""
             if "cpu_shim" in (module or "") or any("cpu_shim" in n for n in names):
                 importers.append(str(path.relative_to(ROOT)))
-    assert importers == ["nsr/openrlhf/launch.py"]
+    # besides the launcher, only the CPU actor's profiler (a command of its own that refuses a non-CPU preset)
+    assert sorted(importers) == ["experiments/openrlhf/profile_actor.py", "nsr/openrlhf/launch.py"]
+    profiler = (ROOT / "experiments" / "openrlhf" / "profile_actor.py").read_text()
+    assert "if not cfg.openrlhf.cpu:\n        raise SystemExit" in profiler
     launch_src = (ROOT / "nsr" / "openrlhf" / "launch.py").read_text()
     assert 'if os.environ.get(CPU_ENV) == "1":\n        from nsr.openrlhf import cpu_shim' in launch_src
 

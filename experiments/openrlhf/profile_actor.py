@@ -125,7 +125,6 @@ def build(preset: str, overrides: list[str], full_logits: bool, loop_adam: bool)
         logprobs.install()
     import openrlhf.utils
 
-    import experiments  # noqa: F401  (registers the backends)
     from experiments.config import load_config
     from experiments.openrlhf.argv import build_command
     from nsr.openrlhf import actors, launch

@@ -201,7 +201,6 @@ def _edges(loss) -> dict[str, list[float]]:
 def run(cfg, updates: int) -> dict:
     """Build the trl backend's trainer for ``cfg`` (float32), generate its first training rollout and :func:`measure`
     it there. Returns the numbers with the threads and the weights' sha256 at the rollout."""
-    from experiments.memory import return_freed_memory
     from experiments.models.smollm2 import weights_sha256
     from experiments.rundir import RunDir
     from experiments.threads import set_threads
@@ -209,7 +208,6 @@ def run(cfg, updates: int) -> dict:
 
     check(cfg, updates)
     threads = set_threads()
-    return_freed_memory()
     out = {}
 
     def at_rollout(tr):
