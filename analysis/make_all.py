@@ -414,7 +414,8 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
         summary = summarize(rs, curves=curves)
         expected, notes = expected_runs(rs, sweeps_dir, presets_dir)
         seals = sealed_sweeps(regime_path)
-        sealed = still_sealed(seals, expected, status_report(rs, expected))
+        report = status_report(rs, expected)
+        sealed = still_sealed(seals, expected, report)
         not_tabled = {sw: int((summary["sweep"] == sw).sum()) for sw in NOT_TABLED if (summary["sweep"] == sw).any()}
         summary = summary[~summary["sweep"].isin([*NOT_TABLED, *sealed])].reset_index(drop=True)
         inc = rs.included[rs.included["run"].isin(summary["run"])]
@@ -426,7 +427,6 @@ def _make_all(runs, out, readme, formats, sweeps_dir, presets_dir, quiet, pool, 
         f"{seals[sweep]}): no table, figure or claim reads its runs yet"
         for sweep, (done, planned) in sealed.items()
     ]
-    report = status_report(rs, expected)
     report = {k: v for k, v in report.items() if k not in NOT_TABLED}
     n_distinct = summary["run"].nunique()
     say(f"runs under {runs}: {n_distinct} distinct run(s) counted, from {len(rs.runs)} folder(s)")
