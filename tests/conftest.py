@@ -1,5 +1,7 @@
 import contextlib
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,3 +86,18 @@ def run_env(tmp_path_factory):
     """:func:`run_environment` for a test module's runs: one warm-start cache shared by the session's runs."""
     with run_environment(tmp_path_factory) as path:
         yield path
+
+
+REAL_STEP = Path(__file__).resolve().parent / "fixtures" / "openrlhf" / "real_step.py"
+"""The harness that runs OpenRLHF's real actor step on a random tiny Qwen2 (its module doc)."""
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory):
+    """A random tiny Qwen2 folder (config, weights, tokenizer) made by the real-step harness once per session."""
+    spec = importlib.util.spec_from_file_location("real_step", REAL_STEP)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    mod.make_model(path)
+    return path

@@ -269,3 +269,30 @@ def test_openrlhf_still_refuses_what_its_own_checks_refuse(tmp_path):
     cfg = _cfg("qwen2.5-math-7b-dapo", ["openrlhf.extra_args=[--train.partial_rollout_enable]"])
     with pytest.raises(CLIError, match="partial_rollout_enable requires --train.async_enable"):
         parse(build_command(cfg, tmp_path, "x").openrlhf_argv)
+
+
+def test_a_cpu_runs_processes_share_its_threads(tmp_path, monkeypatch):
+    """OMP_NUM_THREADS of a CPU run's processes: NSR_THREADS split among the processes that compute together (the
+    ranks, or the vLLM engines; the loop alternates them), at least 1; a value the caller set wins; none on a GPU."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cpu = "smollm2-openrlhf-cpu"
+    for threads, overrides, want in [
+        (None, [], "1"),
+        ("2", [], "2"),
+        ("4", [], "4"),
+        ("2", ["openrlhf.gpus_per_node=2", "openrlhf.train_batch_size=0"], "1"),
+        ("4", ["openrlhf.vllm_engines=2"], "2"),
+    ]:
+        if threads is None:
+            monkeypatch.delenv("NSR_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("NSR_THREADS", threads)
+        env = build_command(_cfg(cpu, overrides), tmp_path, "r").env
+        assert env["OMP_NUM_THREADS"] == want, (threads, overrides)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert "OMP_NUM_THREADS" not in build_command(_cfg(cpu), tmp_path, "r").env  # the caller's 3 reaches the run
+    monkeypatch.setenv("NSR_THREADS", "two")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    with pytest.raises(ConfigError, match="NSR_THREADS='two' is not valid; allowed: a positive integer"):
+        build_command(_cfg(cpu), tmp_path, "r")
+    assert build_command(_cfg("qwen2.5-math-7b-dapo"), tmp_path, "r").env == {}

@@ -16,7 +16,6 @@ Cost: DeepSpeed builds its CPU shared-memory comm op once (cached in TORCH_EXTEN
 DeepSpeed's torch_adam AdamW, so no FusedAdam op is built. Each scenario then takes 20-40 s on 2 idle cores.
 """
 
-import importlib.util
 import json
 import socket
 import subprocess
@@ -37,13 +36,8 @@ HARNESS = ROOT / "tests" / "fixtures" / "openrlhf" / "real_step.py"
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("real_step", HARNESS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    mod.make_model(path)
-    return path
+def model(tiny_qwen2):
+    return tiny_qwen2
 
 
 def _free_port() -> int:

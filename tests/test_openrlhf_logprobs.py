@@ -3,9 +3,6 @@ on OpenRLHF's real Actor around a random tiny Qwen2 (tests/fixtures/openrlhf/rea
 the same log-probs bit for bit, the same gradients (rtol 1e-6, atol 1e-7: float32 rounding; measured equal), and the
 LM head run on the response positions only; the calls it does not cover reach OpenRLHF's forward unchanged."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("openrlhf", reason="openrlhf==0.11.2 (requirements-cpu.txt)")
@@ -13,19 +10,6 @@ pytest.importorskip("openrlhf", reason="openrlhf==0.11.2 (requirements-cpu.txt)"
 import torch  # noqa: E402
 
 from nsr.openrlhf import cpu_shim, logprobs  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-HARNESS = ROOT / "tests" / "fixtures" / "openrlhf" / "real_step.py"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("real_step", HARNESS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    mod.make_model(path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +64,9 @@ def run(actor, forward, seqs, att, act, **kwargs):
 
 
 @pytest.mark.parametrize("dtype,layout", [("bf16", "openrlhf"), ("fp32", "openrlhf"), ("fp32", "left")])
-def test_compact_log_probs_equal_openrlhfs_on_the_response_rows_only(actor_cls, model_dir, dtype, layout):
+def test_compact_log_probs_equal_openrlhfs_on_the_response_rows_only(actor_cls, tiny_qwen2, dtype, layout):
     Actor, full = actor_cls
-    actor = Actor(str(model_dir), attn_implementation="eager", param_dtype=dtype, temperature=0.7)
+    actor = Actor(str(tiny_qwen2), attn_implementation="eager", param_dtype=dtype, temperature=0.7)
     assert next(actor.model.parameters()).dtype == {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     seqs, att, act = batch(actor.model.config.vocab_size, layout)
     head = HeadRows(actor.model)
@@ -103,9 +87,9 @@ def test_compact_log_probs_equal_openrlhfs_on_the_response_rows_only(actor_cls, 
         assert torch.equal(Actor.forward(actor, seqs, act, att), full(actor, seqs, act, att))
 
 
-def test_calls_it_does_not_cover_reach_openrlhfs_forward(actor_cls, model_dir):
+def test_calls_it_does_not_cover_reach_openrlhfs_forward(actor_cls, tiny_qwen2):
     Actor, full = actor_cls
-    actor = Actor(str(model_dir), attn_implementation="eager", param_dtype="fp32")
+    actor = Actor(str(tiny_qwen2), attn_implementation="eager", param_dtype="fp32")
     seqs, att, act = batch(actor.model.config.vocab_size)
     head = HeadRows(actor.model)
     B, L = seqs.shape

@@ -18,11 +18,13 @@ learning-rate schedule stretched by the prompt rows dynamic filtering needs (exp
 CPU run (``openrlhf.cpu``) without the settings a CPU run needs (:data:`CPU_SETTINGS`).
 
 A CPU run (``openrlhf.cpu: true``, set by the CPU presets; not the model's name) runs with the CPU shim switched on:
-``LaunchCommand.env`` then holds ``NSR_OPENRLHF_CPU=1`` (nsr/openrlhf/cpu_shim.py); on the cluster it is empty.
+``LaunchCommand.env`` then holds ``NSR_OPENRLHF_CPU=1`` (nsr/openrlhf/cpu_shim.py) and the compute threads of each of
+its processes (:func:`cpu_threads`); on the cluster it is empty.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +57,8 @@ class LaunchCommand:
     nsr_argv: list[str]
     """The launcher's own --nsr.* flags."""
     env: dict[str, str] = field(default_factory=dict)
-    """Environment the command needs on top of the caller's: the CPU shim's switch for a CPU model, else empty."""
+    """Environment the command needs on top of the caller's: the CPU shim's switch and the processes' thread count
+    (unless the caller set ``OMP_NUM_THREADS``) for a CPU model, else empty."""
 
 
 def _fail(msg: str) -> None:
@@ -330,6 +333,20 @@ def nsr_settings(cfg: RunConfig, run_dir: Path) -> NSRSettings:
     )
 
 
+def cpu_threads(cfg: RunConfig) -> int:
+    """Compute threads (``OMP_NUM_THREADS``) of each process of a CPU run: the run's threads (``NSR_THREADS``, default
+    1; a SLURM job sets its CPUs) shared by the processes that compute at the same time. OpenRLHF's loop is
+    synchronous: the vLLM engines generate while the policy ranks wait, then the ranks train while the engines wait, so
+    the ranks share the run's threads with each other and the engines with each other, never ranks with engines.
+    Measured on SmolLM2 (docs/testbed.md, "OpenRLHF on SmolLM2"): the 16 updates of a rollout took 59 s with one thread
+    and 36-40 s with two. The thread count changes float rounding, never a run id (experiments/threads.py)."""
+    from experiments.threads import threads
+
+    o = cfg.openrlhf
+    ranks = o.nodes * o.gpus_per_node
+    return max(1, threads() // max(ranks, o.vllm_engines * o.vllm_tensor_parallel))
+
+
 def build_command(cfg: RunConfig, run_dir: str | Path, run_id: str, python: str = sys.executable) -> LaunchCommand:
     """The launcher command for ``cfg`` writing into ``run_dir`` (made absolute: Ray workers have another cwd)."""
     check(cfg)
@@ -349,4 +366,6 @@ def build_command(cfg: RunConfig, run_dir: str | Path, run_id: str, python: str 
     orl = [x for f, vals in pairs for x in (f, *vals)] + extra
     nsr = nsr_settings(cfg, run_dir).to_argv()
     env = {CPU_ENV: "1"} if cfg.openrlhf.cpu else {}
+    if cfg.openrlhf.cpu and "OMP_NUM_THREADS" not in os.environ:  # a value the caller set wins
+        env["OMP_NUM_THREADS"] = str(cpu_threads(cfg))
     return LaunchCommand(argv=[python, "-m", LAUNCHER, *nsr, *orl], openrlhf_argv=orl, nsr_argv=nsr, env=env)

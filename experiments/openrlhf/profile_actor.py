@@ -18,8 +18,10 @@ over the updates of forward (the model and the log-probs), backward (DeepSpeed's
 the optimizer step (DeepSpeed's ``step``: gradient clipping, Adam, the copies to the model's dtype); inside forward
 and backward, the time in the attention blocks, the MLP blocks, the LM head, and the log-softmax over the
 vocabulary (forward: OpenRLHF's ``log_probs_from_logits``; backward: from the start of the backward to the LM head's
-backward); and the process's peak RSS. The times are wall-clock with one compute thread (the CPU run's default), so
-each part runs alone; on a shared machine compare runs made side by side, not single numbers.
+backward); the process's peak RSS; and its compute threads (``threads``: what the run's launcher gives a rank,
+experiments/openrlhf/argv.py ``cpu_threads``: ``NSR_THREADS``, default 1, or ``OMP_NUM_THREADS`` if set). The times
+are wall-clock and the hooks time each part on its own; on a shared machine compare runs made side by side, not single
+numbers.
 
 ``--full-logits`` leaves out the compact log-probs (nsr/openrlhf/logprobs.py: OpenRLHF's forward over every
 position) and ``--loop-adam`` the fused AdamW (the shim's ADAM_PARAMS: torch's per-tensor loop), to measure each
@@ -48,7 +50,7 @@ def _free_port() -> int:
 
 
 class Clock:
-    """Wall seconds per part, from forward and backward hooks on the model's modules (one thread: parts never
+    """Wall seconds per part, from forward and backward hooks on the model's modules (the parts run one after another: they never
     overlap)."""
 
     def __init__(self, model):
@@ -106,12 +108,18 @@ def build(preset: str, overrides: list[str], full_logits: bool, loop_adam: bool)
     """(cfg, actor, strategy, args): the policy rank of a CPU run, built in this process."""
     port = _free_port()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    from experiments.config import load_config
+    from experiments.openrlhf.argv import build_command, cpu_threads
     from nsr.openrlhf import cpu_shim
 
-    os.environ.update(cpu_shim.cpu_env())
+    cfg = load_config(preset, overrides)
+    if not cfg.openrlhf.cpu:
+        raise SystemExit(f"{preset}: openrlhf.cpu is false; this profiles a CPU run's actor")
+    threads = os.environ.get("OMP_NUM_THREADS") or str(cpu_threads(cfg))  # as the run's launcher sets it
+    os.environ.update(cpu_shim.cpu_env(), OMP_NUM_THREADS=threads)
     import torch
 
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    torch.set_num_threads(int(threads))
     cpu_shim.stand_in_flash_attn()
     cpu_shim.patch_torch_cuda()
     cpu_shim.patch_replay_buffer()
@@ -125,15 +133,10 @@ def build(preset: str, overrides: list[str], full_logits: bool, loop_adam: bool)
         logprobs.install()
     import openrlhf.utils
 
-    from experiments.config import load_config
-    from experiments.openrlhf.argv import build_command
     from nsr.openrlhf import actors, launch
     from nsr.openrlhf.cli import parse
     from nsr.openrlhf.settings import NSRSettings
 
-    cfg = load_config(preset, overrides)
-    if not cfg.openrlhf.cpu:
-        raise SystemExit(f"{preset}: openrlhf.cpu is false; this profiles a CPU run's actor")
     cmd = build_command(cfg, "/tmp/nsr-profile-actor", "profile")
     settings, rest = NSRSettings.parse(cmd.argv[3:])
     args = parse(rest)
@@ -150,8 +153,8 @@ def build(preset: str, overrides: list[str], full_logits: bool, loop_adam: bool)
 def rollout(cfg, tokenizer, seed: int):
     """``prompts_per_step x samples_per_prompt`` Experiences of the task's prompts and worked answers (module doc)."""
     import torch
-    from openrlhf.trainer.ppo_utils.experience import Experience
 
+    from experiments.openrlhf import handmade
     from experiments.tasks.arithmetic import split
 
     g = torch.Generator().manual_seed(seed)
@@ -166,33 +169,17 @@ def rollout(cfg, tokenizer, seed: int):
         response = tokenizer(answer, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
         response = torch.cat([response, torch.tensor([tokenizer.eos_token_id])])[: cfg.rollout.max_new_tokens]
         seq = torch.cat([prompt, response])
-        action_mask = torch.zeros(len(seq) - 1, dtype=torch.long)
-        action_mask[len(prompt) - 1 :] = 1
         for _ in range(cfg.rollout.samples_per_prompt):
             reward = float(torch.rand((), generator=g) < 0.5)
-            out.append(
-                Experience(
-                    sequences=seq.unsqueeze(0),
-                    attention_mask=torch.ones(1, len(seq), dtype=torch.long),
-                    action_mask=action_mask.unsqueeze(0),
-                    prompts=[f"p{p}"],
-                    labels=[row["label"]],
-                    rewards=torch.tensor([reward]),
-                    scores=torch.tensor([reward]),
-                    response_length=torch.tensor([len(response)]),
-                    truncated=torch.tensor([False]),
-                    total_length=torch.tensor([float(len(seq))]),
-                    info={"reward": torch.tensor([reward]), "response_clip_ratio": torch.tensor([False])},
-                )
-            )
+            out.append(handmade.sample(seq, len(prompt), f"p{p}", row["label"], reward))
     return out
 
 
 def profile(cfg, actor, strategy, args, rollouts: int) -> list[dict]:
     import torch
     from openrlhf.models import utils as model_utils
-    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
-    from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+
+    from experiments.openrlhf import handmade
 
     engine = actor.actor.model
     clock = Clock(engine.module)
@@ -237,9 +224,7 @@ def profile(cfg, actor, strategy, args, rollouts: int) -> list[dict]:
 
     model_utils.log_probs_from_logits = actor_module.log_probs_from_logits = log_probs_from_logits
 
-    maker = object.__new__(RemoteExperienceMaker)
-    maker.strategy, maker.args, maker.tokenizer = strategy, args, actor.tokenizer
-    maker.advantage_estimator, maker.kl_ctl = args.algo.advantage.estimator, FixedKLController(0.0)
+    maker = handmade.experience_maker(strategy, args, actor.tokenizer)
     out = []
     for i in range(rollouts):
         sec.clear()
@@ -288,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, actor, strategy, args = build(a.preset, a.overrides, a.full_logits, a.loop_adam)
     for row in profile(cfg, actor, strategy, args, a.rollouts):
         row |= {"full_logits": a.full_logits, "loop_adam": a.loop_adam, "overrides": a.overrides}
+        row["threads"] = int(os.environ["OMP_NUM_THREADS"])
         print(json.dumps(row), flush=True)
         if a.json:
             with open(a.json, "a") as f:
