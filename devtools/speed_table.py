@@ -3,11 +3,13 @@
     python -m devtools.speed_table                                        # results/smollm2/speed-2026-12-07.jsonl
     python -m devtools.speed_table FILE.jsonl
 
-Each line is one measurement: ``{"table": "trl" | "profile" | "memory" | "openrlhf", "order": N, "command": ...,
-"commit": ..., "note": ..., "result": {...}}``; ``result`` is what the command printed (experiments.trl.bench's JSON
-line) or, for ``openrlhf``, the run's own metrics.jsonl columns per step (``wall_s``, ``generation_s``,
-``reward_mean``, ``dynamic_filtering_pass_rate``) with its wall time. Medians are over the steps after the first
-(start-up is in the first). Prints Markdown.
+Each line is one measurement: ``{"table": "trl" | "profile" | "memory" | "openrlhf" | "openrlhf_actor", "order": N,
+"command": ..., "commit": ..., "note": ..., "result": {...}}``; ``result`` is what the command printed
+(experiments.trl.bench's or experiments.openrlhf.profile_actor's JSON line) or, for ``openrlhf``, the run's own
+metrics.jsonl columns per step (``wall_s``, ``generation_s``, ``reward_mean``, ``dynamic_filtering_pass_rate``) with
+its wall time; an ``openrlhf`` line's ``threads`` is the NSR_THREADS it ran with (1 if absent) and its ``versus`` the
+label of the run its median is divided by. Medians are over the steps after the first (start-up is in the first).
+Prints Markdown.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 
 DEFAULT = Path(__file__).resolve().parents[1] / "results" / "smollm2" / "speed-2026-12-07.jsonl"
-TABLES = ("trl", "profile", "memory", "openrlhf")
+TABLES = ("trl", "profile", "memory", "openrlhf", "openrlhf_actor")
 
 
 def load(path: Path) -> dict[str, list[dict]]:
@@ -107,20 +109,41 @@ def memory_table(rows: list[dict]) -> str:
 
 def openrlhf_table(rows: list[dict]) -> str:
     lines = [
-        "| code | step wall_s 1, 2, 3 | median of steps 2-3 | generation 1, 2, 3 | the rest of steps 2-3 | run wall |",
-        "|---|---|---|---|---|---|",
+        "| run | code | NSR_THREADS | step wall_s 1, 2, 3 | median of steps 2-3 | generation 1, 2, 3 "
+        "| the rest of steps 2-3 | run wall |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    med = {}
+    med, ratios = {}, []
     for r in sorted(rows, key=lambda r: r["order"]):
         x = r["result"]
         rest = [w - g for w, g in zip(x["wall_s"][1:], x["generation_s"][1:])]
         med[r["label"]] = after_first(x["wall_s"])
         lines.append(
-            f"| {r['label']} ({r['commit']}) | {_s(x['wall_s'])} s | **{med[r['label']]:.1f} s** | "
-            f"{_s(x['generation_s'])} s | {_range(rest)} s | {x['elapsed']} |"
+            f"| {r['label']} | {r['commit']} | {r.get('threads', 1)} | {_s(x['wall_s'])} s | "
+            f"**{med[r['label']]:.1f} s** | {_s(x['generation_s'])} s | {_range(rest)} s | {x['elapsed']} |"
         )
-    if {"before", "after"} <= set(med):
-        lines += ["", f"After over before: {med['after'] / med['before']:.2f}."]
+        if r.get("versus"):
+            ratios.append((r["label"], r["versus"]))
+    if ratios:
+        lines.append("")
+        lines.append("; ".join(f"{a} over {b}: {med[a] / med[b]:.2f}" for a, b in ratios) + ".")
+    return "\n".join(lines)
+
+
+def openrlhf_actor_table(rows: list[dict]) -> str:
+    """experiments.openrlhf.profile_actor's second rollout (the first also warms up) per line."""
+    lines = [
+        "| overrides | threads | old log-probs | 16 updates (fit) | forward | backward | optimizer step | peak RSS "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: r["order"]):
+        x = r["result"]
+        lines.append(
+            f"| {' '.join(x['overrides'])} | {x['threads']} | {x['old_logprobs_s']:.1f} s | {x['fit_s']:.1f} s | "
+            f"{x['forward_and_rest_s']:.1f} s | {x['backward_s']:.1f} s | {x['optimizer_step_s']:.1f} s | "
+            f"{x['peak_rss_gib'] * 2**30 / 1e9:.2f} GB | {r.get('note', '')} |"
+        )
     return "\n".join(lines)
 
 
@@ -130,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     t = load(a.path)
     print(trl_table(t["trl"]), "", ratios(t["trl"]), "", profile_table(t["profile"]), "", memory_table(t["memory"]),
-          "", openrlhf_table(t["openrlhf"]), sep="\n")  # fmt: skip
+          "", openrlhf_table(t["openrlhf"]), "", openrlhf_actor_table(t["openrlhf_actor"]), sep="\n")  # fmt: skip
     return 0
 
 

@@ -104,3 +104,17 @@ def test_calls_it_does_not_cover_reach_openrlhfs_forward(actor_cls, tiny_qwen2):
         assert logprobs.covered(actor, act, {"return_output": True})
         assert not logprobs.covered(actor, act, {"pixel_values": None})  # multimodal inputs
     assert head.rows == [B * L, B * L]
+
+
+def test_a_backward_hook_on_the_lm_head_leaves_the_float32_log_probs_alone(actor_cls, tiny_qwen2):
+    """The actor profiler (experiments/openrlhf/profile_actor.py) times the LM head's backward with a full backward
+    hook, which hands back its output as a view that must not be written in place; in float32 the temperature's
+    division used to write into it (RuntimeError in the profiler on the float32 preset)."""
+    Actor, _ = actor_cls
+    actor = Actor(str(tiny_qwen2), attn_implementation="eager", param_dtype="fp32", temperature=0.7)
+    seqs, att, act = batch(actor.model.config.vocab_size)
+    ref_lp, ref_grad, _ = run(actor, Actor.forward, seqs, att, act)
+    calls = []
+    actor.model.lm_head.register_full_backward_hook(lambda mod, gin, gout: calls.append(1))
+    lp, grad, _ = run(actor, Actor.forward, seqs, att, act)
+    assert calls == [1] and torch.equal(lp, ref_lp) and torch.equal(grad, ref_grad)

@@ -86,8 +86,8 @@ def compact_forward(actor, sequences, action_mask, attention_mask, return_output
     keep = torch.arange(start, length - 1, device=sequences.device)
     output = actor.model(sequences, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=keep)
     output["logits"] = output["logits"].to(torch.float32)
-    if actor.temperature != 1.0:
-        output["logits"].div_(actor.temperature)
+    if actor.temperature != 1.0:  # out of place: in float32 ``.to`` returns the model's own output, which a module
+        output["logits"] = output["logits"] / actor.temperature  # hook (the profiler's) makes an unwritable view
     log_probs = log_probs_from_logits(output["logits"], sequences[:, start + 1 :])
     if skip:
         log_probs = torch.cat([log_probs.new_zeros(len(log_probs), skip), log_probs], dim=1)
