@@ -34,10 +34,10 @@ HARD_ONLY_CRITERIA = ("reach", "clip", "not_saturated", "grad_clip_rare")
 """The stage-A criteria that read the hard runs only; only these may rule a candidate out early."""
 
 
-STAGES = ("a", "a2", "a3", "r0")
+STAGES = ("a", "a2", "a3", "r0", "d")
 """Stages of the evidence plan in analysis/regime.yaml: stage A (the top level), stage A2 (section ``stage_a2``),
 stage A3 (section ``stage_a3``: the gate alone, :func:`a3_readout`), stage R0 (section ``stage_r0``: the premise meter
-on SmolLM2, :func:`r0_readout`)."""
+on SmolLM2, :func:`r0_readout`), stage D (section ``stage_d``: whole runs, paired, analysis/stage_d.py)."""
 
 
 def load_regime(path: str | Path = REGIME_FILE, stage: str = "a") -> dict:
@@ -816,6 +816,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if a.stage == "r0":
             print(r0_markdown(r0_readout(a.root, a.regime)), end="")
+            return 0
+        if a.stage == "d":
+            from analysis import stage_d
+
+            print(stage_d.markdown(stage_d.readout(a.root, a.regime)), end="")
             return 0
         print_readout(regime_readout(a.root, a.regime, a.sweep, a.stage, a.gates))
     except ValueError as e:
