@@ -38,6 +38,8 @@ import numpy as np
 from analysis.stats import interval
 
 VERDICTS = ("better", "worse", "equivalent", "inconclusive")
+REGIME_FILE = Path(__file__).resolve().with_name("regime.yaml")
+"""The pre-registered plan (the file analysis.regime reads)."""
 
 
 class StageDError(ValueError):
@@ -48,8 +50,6 @@ class StageDError(ValueError):
 def load_plan(regime_path: str | Path | None = None) -> dict:
     """The ``stage_d`` section of analysis/regime.yaml, with the fields the readout needs checked."""
     import yaml
-
-    from analysis.regime import REGIME_FILE
 
     data = yaml.safe_load(Path(regime_path or REGIME_FILE).read_text()) or {}
     plan = data.get("stage_d")
