@@ -5,6 +5,7 @@ the reward, the config checks, the files written on first use; the pass-rate spr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -30,7 +31,21 @@ def test_every_family_is_what_it_says():
         for text, ans in items:
             assert eval(text) == ans, (name, text)  # noqa: S307 - our own digits and + - *
     assert {k: len(v()) for k, v in FAMILIES.items()} == {
-        "add_1d": 81, "mul_1d": 64, "add_3x1d": 729, "mul_add": 576, "add_2d1d": 810, "sub_2d1d": 810}  # fmt: skip
+        "add_1d": 81, "mul_1d": 64, "add_3x1d": 729, "mul_add": 576, "add_2d1d": 810, "sub_2d1d": 810,
+        "add_2d2d": 8100, "mul_2d1d": 720, "mul_add_2d": 5760, "mul_sub": 576}  # fmt: skip
+
+
+def test_version_1s_problems_never_move():
+    """Every family's problems and order under generator version 1, pinned (sha256 of problems((family,)) as JSON):
+    the committed runs' data, and what lets a new family join without a version bump."""
+    pinned = {
+        "add_1d": "944fbc41652a687d", "mul_1d": "1fca96685f2a8448", "add_3x1d": "e60e1d8f7062a64e",
+        "mul_add": "c0acec69b0a8f868", "add_2d1d": "d6a83b4465e64d92", "sub_2d1d": "8516a69c06fde086",
+    }  # fmt: skip
+    digest = {f: hashlib.sha256(json.dumps(problems((f,), 1)).encode()).hexdigest()[:16] for f in pinned}
+    assert digest == pinned
+    mix = hashlib.sha256(json.dumps(problems(("mul_add", "add_3x1d"), 1)).encode()).hexdigest()[:16]
+    assert mix == "bce1022208eaad29"  # stage D's pilot mix (results/pilot_d)
 
 
 def test_problems_are_seeded_interleaved_and_versioned():

@@ -1,10 +1,11 @@
 """``task.name: arithmetic``: a verifiable arithmetic task for a real chat model (SmolLM2-135M-Instruct on CPU).
 
-Problems come from small families (:data:`FAMILIES`: ``mul_add`` is ``a * b + c`` with one-digit operands, ``add_2d1d``
-is a two-digit plus a one-digit number, ...). Every problem of the chosen families (``task.families``) is listed, each
-family shuffled by a generator seeded from the task's version, and the families interleaved, so any prefix mixes
-them evenly; the first ``task.n_eval`` problems are the evaluation set and the next ``task.n_train`` the training set
-(disjoint by construction, and the evaluation set does not move when ``n_train`` changes).
+Problems come from small families (:data:`FAMILIES`: ``mul_add`` is ``a * b + c`` with one-digit operands,
+``add_2d1d`` is a two-digit plus a one-digit number, ``mul_add_2d`` is ``a * b + c`` with a two-digit ``c``, ...).
+Every problem of the chosen families (``task.families``) is listed, each family shuffled by a generator seeded from
+the task's version, and the families interleaved, so any prefix mixes them evenly; the first ``task.n_eval`` problems
+are the evaluation set and the next ``task.n_train`` the training set (disjoint by construction, and the evaluation
+set does not move when ``n_train`` changes).
 
 A prompt is a chat: the system turn ``task.system_prompt`` (none if empty: the model's template then adds its own),
 a worked example as an earlier user / assistant turn (``task.one_shot``), then the problem in ``task.prompt_template``
@@ -37,7 +38,9 @@ from nsr.seeds import derive_seed
 NAME = "arithmetic"
 GENERATOR_VERSION = 1
 """Version of the problem lists and their order; a config names it (``task.generator_version``) and a config of
-another version is refused. Bump when :data:`FAMILIES` or the shuffle change."""
+another version is refused. Bump when a family's problems or the shuffle change; a new family changes no existing
+family's problems or order (each family is shuffled by its own generator), so it needs no bump
+(tests/test_arithmetic.py pins every family's list)."""
 DIGITS = range(1, 10)
 SMALL = range(2, 10)  # multiplication operands: x 1 is trivial
 TWO_DIGITS = range(10, 100)
@@ -49,6 +52,11 @@ FAMILIES: dict[str, Callable[[], list[tuple[str, int]]]] = {
     "mul_add": lambda: [(f"{a} * {b} + {c}", a * b + c) for a in SMALL for b in SMALL for c in DIGITS],
     "add_2d1d": lambda: [(f"{a} + {b}", a + b) for a in TWO_DIGITS for b in DIGITS],
     "sub_2d1d": lambda: [(f"{a} - {b}", a - b) for a in TWO_DIGITS for b in DIGITS],
+    # added 2026-12-07 as candidates for a harder mix (stage D's pilot): the model's step-0 pass rates unmeasured
+    "add_2d2d": lambda: [(f"{a} + {b}", a + b) for a in TWO_DIGITS for b in TWO_DIGITS],
+    "mul_2d1d": lambda: [(f"{a} * {b}", a * b) for a in TWO_DIGITS for b in SMALL],
+    "mul_add_2d": lambda: [(f"{a} * {b} + {c}", a * b + c) for a in SMALL for b in SMALL for c in TWO_DIGITS],
+    "mul_sub": lambda: [(f"{a} * {b} - {c}", a * b - c) for a in SMALL for b in SMALL for c in DIGITS],
 }
 """Problem families: name -> every (problem text, answer) of it."""
 
