@@ -50,8 +50,8 @@ def _free_port() -> int:
 
 
 class Clock:
-    """Wall seconds per part, from forward and backward hooks on the model's modules (the parts run one after another: they never
-    overlap)."""
+    """Wall seconds per part, from forward and backward hooks on the model's modules (the parts run one after
+    another: they never overlap)."""
 
     def __init__(self, model):
         self.sec = defaultdict(float)
