@@ -106,7 +106,7 @@ def test_fp32_is_a_cpu_runs_and_refused_elsewhere(tmp_path):
     GPU preset by the config, by the launcher without the CPU shim's switch, and with a --ds.param_dtype beside it."""
     cmd = build_command(load_config(CPU_PRESET, ["openrlhf.bf16=false"]), tmp_path, "x")
     assert "--ds.param_dtype" not in cmd.openrlhf_argv and cmd.nsr_argv[-2:] == ["--nsr.fp32", "True"]
-    assert cmd.env == {launch.CPU_ENV: "1"}
+    assert cmd.env[launch.CPU_ENV] == "1"
     assert launch.prepare(cmd.argv[3:])[0].fp32 is True
     with pytest.raises(launch.LaunchError, match=r"--nsr.fp32 with --ds.param_dtype fp16.*leave --ds.param_dtype out"):
         launch.prepare(cmd.argv[3:] + ["--ds.param_dtype", "fp16"])
