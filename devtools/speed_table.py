@@ -33,7 +33,7 @@ def load(path: Path) -> dict[str, list[dict]]:
         if row.get("table") not in TABLES:
             raise SystemExit(f"{path}:{n}: table={row.get('table')!r}; allowed: {', '.join(TABLES)}")
         out[row["table"]].append(row)
-    return out
+    return {t: sorted(rows, key=lambda r: r["order"]) for t, rows in out.items()}  # each table in its run order
 
 
 def _s(xs) -> str:
@@ -53,7 +53,7 @@ def trl_table(rows: list[dict]) -> str:
         "| order | trainer | RL steps 1-4 | median of steps 2-4 | generation | peak RSS | note |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(rows, key=lambda r: r["order"]):
+    for r in rows:
         x = r["result"]
         name = "the kit (`NSRGRPOTrainer`, preset)" if x["trainer"] == "kit" else "TRL's own `GRPOTrainer`"
         lines.append(
@@ -98,7 +98,7 @@ def memory_table(rows: list[dict]) -> str:
         "| `trl.micro_batch_size` | `trl.checkpoint_mlp` | median step (1 thread) | backward | peak RSS | note |",
         "|---|---|---|---|---|---|",
     ]
-    for r in sorted(rows, key=lambda r: r["order"]):
+    for r in rows:
         x, o = r["result"], r["overrides"]
         lines.append(
             f"| {o['trl.micro_batch_size']} | {o['trl.checkpoint_mlp']} | {x['median_s_after_first']:.1f} s | "
@@ -114,7 +114,7 @@ def openrlhf_table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     med, ratios = {}, []
-    for r in sorted(rows, key=lambda r: r["order"]):
+    for r in rows:
         x = r["result"]
         rest = [w - g for w, g in zip(x["wall_s"][1:], x["generation_s"][1:])]
         med[r["label"]] = after_first(x["wall_s"])
@@ -137,7 +137,7 @@ def openrlhf_actor_table(rows: list[dict]) -> str:
         "| note |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(rows, key=lambda r: r["order"]):
+    for r in rows:
         x = r["result"]
         lines.append(
             f"| {' '.join(x['overrides'])} | {x['threads']} | {x['old_logprobs_s']:.1f} s | {x['fit_s']:.1f} s | "

@@ -65,6 +65,10 @@ class Backend:
     """Whether a run needs a Ray cluster over its SLURM allocation's nodes (slurm/ray_cluster.py)."""
     command: Callable[[RunConfig, Path, str], Any] | None = None
     """The launcher command of a run that runs outside this process (``--dry-run`` prints it; None: in process)."""
+    threaded: Callable[[RunConfig], bool] = lambda cfg: True
+    """Whether ``NSR_THREADS`` sets the run's compute threads (and so its float rounding): read before the run starts
+    and recorded in status.json. True for the backends that train in this process; the openrlhf backend's CPU path
+    gives its processes those threads (experiments/openrlhf/argv.py ``cpu_threads``), a GPU run does not read it."""
     derive: Callable[[RunConfig], dict[str, Any]] | None = None
     """Fields its RunConfig derives from others at construction, before the checks ({section: section with the
     derived values}; experiments.config.BACKEND_DERIVE). None: nothing is derived."""
@@ -183,6 +187,7 @@ register(
         },
         on_ray_cluster=lambda cfg: cfg.openrlhf.nodes > 1,
         command=_openrlhf_command,
+        threaded=lambda cfg: cfg.openrlhf.cpu,
     )
 )
 

@@ -181,11 +181,6 @@ def _threads_or_fail(folders: list[tuple[RunDir, Callable[[], None]]]) -> int:
         raise
 
 
-def _cpu_openrlhf(cfg: RunConfig) -> bool:
-    """An OpenRLHF run on the CPU: its processes' threads come from NSR_THREADS (experiments/openrlhf/argv.py)."""
-    return cfg.backend == "openrlhf" and cfg.openrlhf.cpu
-
-
 def _note_thread_change(rd: RunDir, n: int | None) -> None:
     """A resumed run at a thread count its earlier attempts did not use: say so (its rows round differently from here
     on; status.json keeps every count in ``thread_counts``)."""
@@ -207,7 +202,7 @@ def _run_locked(
     save_signum = getattr(signal, f"SIG{save}") if save else None
     extra = {"save_signal": save} if save else {}
     write_config = functools.partial(rd.write_config, cfg, run_id=run_id, **(meta or {}))
-    if BACKENDS[cfg.backend].command is None or _cpu_openrlhf(cfg):  # its thread count sets float rounding
+    if BACKENDS[cfg.backend].threaded(cfg):  # its thread count sets float rounding
         extra["threads"] = _threads_or_fail([(rd, write_config)])
     if force:
         rd.clear()

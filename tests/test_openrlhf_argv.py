@@ -296,3 +296,13 @@ def test_a_cpu_runs_processes_share_its_threads(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="NSR_THREADS='two' is not valid; allowed: a positive integer"):
         build_command(_cfg(cpu), tmp_path, "r")
     assert build_command(_cfg("qwen2.5-math-7b-dapo"), tmp_path, "r").env == {}
+
+
+def test_a_cpu_runs_thread_count_is_recorded_a_gpu_runs_not():
+    """experiments.run records NSR_THREADS in status.json for the backends whose rounding it sets (Backend.threaded):
+    an OpenRLHF run on the CPU (its processes take those threads), not one on GPUs (which never reads it)."""
+    from experiments.backends import BACKENDS
+
+    assert BACKENDS["openrlhf"].threaded(_cfg("smollm2-openrlhf-cpu")) is True
+    assert BACKENDS["openrlhf"].threaded(_cfg("qwen2.5-math-7b-dapo")) is False
+    assert BACKENDS["tiny"].threaded(_cfg("tiny")) and BACKENDS["trl"].threaded(_cfg("smollm2-trl-cpu"))
