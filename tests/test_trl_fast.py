@@ -396,3 +396,65 @@ def test_checkpoint_mlp_is_refused_with_gradient_checkpointing(models, tmp_path)
     with pytest.raises(ConfigError, match="trl.gradient_checkpointing=True is not valid; allowed: false with "
                                           "trl.checkpoint_mlp=true"):  # fmt: skip
         load_config(preset, ["trl.checkpoint_mlp=true", "trl.share_prompt=false", "trl.gradient_checkpointing=true"])
+
+
+def test_init_adam_state_is_torchs_own_first_step_state():
+    """init_adam_state gives each trained parameter the state torch's first step would make (step 0, zero moments,
+    the same dtypes); the steps after it are bit for bit those of a lazily initialised AdamW, amsgrad too, and a frozen
+    parameter or another optimizer gets nothing."""
+    from nsr.trl.trainer import init_adam_state
+
+    for amsgrad in (False, True):
+        gen = torch.Generator().manual_seed(0)
+        start = [torch.randn(5, 3, generator=gen), torch.randn(7, generator=gen)]
+        grads = [[torch.randn_like(p) for p in start] for _ in range(3)]
+        frozen = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
+        runs = []
+        for eager in (True, False):
+            params = [torch.nn.Parameter(p.clone()) for p in start]
+            opt = torch.optim.AdamW([*params, frozen], lr=0.1, weight_decay=0.01, amsgrad=amsgrad)
+            if eager:
+                assert init_adam_state(opt) and frozen not in opt.state
+                for p in params:
+                    st = opt.state[p]
+                    assert float(st["step"]) == 0 and st["step"].dtype == torch.float32 and p.grad is None
+                    assert not st["exp_avg"].any() and not st["exp_avg_sq"].any()
+                    assert ("max_exp_avg_sq" in st) == amsgrad
+            for g in grads:
+                for p, gp in zip(params, g):
+                    p.grad = gp.clone()
+                opt.step()
+            runs.append((params, opt.state_dict()["state"]))
+        (eager_p, eager_s), (lazy_p, lazy_s) = runs
+        assert all(torch.equal(a, b) for a, b in zip(eager_p, lazy_p))
+        assert eager_s.keys() == lazy_s.keys()
+        for i in eager_s:
+            assert all(torch.equal(eager_s[i][k], lazy_s[i][k]) for k in lazy_s[i])
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert init_adam_state(sgd) is False and not sgd.state
+
+
+def test_the_trainer_allocates_adams_state_up_front_and_trains_bit_for_bit_the_same(models, tmp_path):
+    """NSRGRPOTrainer builds AdamW's state with the optimizer (before the first forward); two RL steps with it leave
+    every parameter exactly as the lazy state does."""
+    with trl_tiny.one_thread_frozen_gc():
+        out = []
+        for eager in (True, False):
+            t = trainer(models, tmp_path / str(eager), skip_zero_advantage=True, share_prompt=True, max_steps=4)
+            t.eager_optimizer_state = eager
+            built = []
+            real = t.create_optimizer
+
+            def create(*a, real=real, t=t, built=built, **k):
+                opt = real(*a, **k)
+                built.append(len(opt.state))
+                return opt
+
+            t.create_optimizer = create
+            t.train()
+            out.append((t, built))
+    (eager, built_eager), (lazy, built_lazy) = out
+    n_params = sum(1 for p in eager.model.parameters() if p.requires_grad)
+    assert built_eager == [n_params] and built_lazy == [0]
+    for (name, a), b in zip(eager.model.named_parameters(), lazy.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
