@@ -173,18 +173,6 @@ class NSRGRPOTrainer(GRPOTrainer):
         """While True, a training micro-step reads the buffered rollout and never generates (experiments.mechanism.trl
         replays the RL step's updates on it)."""
 
-    eager_optimizer_state = True
-    """Allocate AdamW's state when the optimizer is built instead of at its first step (:func:`init_adam_state`):
-    every number is bit for bit the same; the moments then take memory before the first forward and backward
-    instead of landing in the holes the first update's activations leave, which lowered SmolLM2's peak resident memory
-    (docs/testbed.md). Torch's Adam and AdamW only; any other optimizer is left as it is."""
-
-    def create_optimizer(self, model=None):
-        optimizer = super().create_optimizer(model)
-        if self.eager_optimizer_state:
-            init_adam_state(optimizer)
-        return optimizer
-
     # ------------------------------------------------------------------ the rollout hook
     def _prepare_inputs(self, generation_batch):
         """TRL's: generate once per RL step, then hand out the buffered micro-batches; then ``after_rollout``, once
@@ -471,26 +459,6 @@ _MULTIMODAL_ERROR = (
     "vision inputs to the model; allowed: a text-only causal LM with a tokenizer and text prompts (use TRL's "
     "GRPOTrainer for vision-language models)"
 )
-
-
-def init_adam_state(optimizer) -> bool:
-    """Give every parameter of a torch ``Adam`` / ``AdamW`` (or an accelerate wrapper of one) its state now, by torch's
-    own lazy initialisation (``_init_group``, one parameter at a time under a temporary zero gradient): the same
-    ``step`` and zero moments its first ``step()`` would make, so every later number is unchanged. Parameters that
-    already have a state (a loaded checkpoint) are left alone. Returns False, doing nothing, for any other optimizer."""
-    inner = getattr(optimizer, "optimizer", optimizer)
-    if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
-        return False
-    for group in inner.param_groups:
-        for p in group["params"]:
-            if not p.requires_grad or inner.state.get(p):
-                continue
-            saved, p.grad = p.grad, torch.zeros_like(p)
-            try:
-                inner._init_group({**group, "params": [p]}, [], [], [], [], [], [])
-            finally:
-                p.grad = saved
-    return True
 
 
 def _kept_rows(advantages: torch.Tensor) -> torch.Tensor:
