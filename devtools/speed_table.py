@@ -7,8 +7,9 @@ Each line is one measurement: ``{"table": "trl" | "profile" | "memory" | "openrl
 "command": ..., "commit": ..., "note": ..., "result": {...}}``; ``result`` is what the command printed
 (experiments.trl.bench's or experiments.openrlhf.profile_actor's JSON line) or, for ``openrlhf``, the run's own
 metrics.jsonl columns per step (``wall_s``, ``generation_s``, ``reward_mean``, ``dynamic_filtering_pass_rate``) with
-its wall time; an ``openrlhf`` line's ``threads`` is the NSR_THREADS it ran with (1 if absent) and its ``versus`` the
-label of the run its median is divided by. Medians are over the steps after the first (start-up is in the first).
+its wall time. A ``trl`` kit line's ``versus`` is the order of the TRL run its median is divided by (else the first
+undisturbed one); an ``openrlhf`` line's ``threads`` is the NSR_THREADS it ran with (1 if absent) and its ``versus``
+the label of the run its median is divided by. Medians are over the steps after the first (start-up is in the first).
 Prints Markdown.
 """
 
@@ -64,14 +65,21 @@ def trl_table(rows: list[dict]) -> str:
 
 
 def ratios(rows: list[dict]) -> str:
-    """The kit's median over TRL's, for each kit run against the TRL run in the same table."""
-    trl = [r for r in rows if r["result"]["trainer"] == "trl" and not r.get("disturbed")]
+    """The kit's median over TRL's: each kit run against the TRL run its ``versus`` names (an order of this table),
+    else against the first undisturbed TRL run; one sentence per TRL run."""
+    trl = {r["order"]: r for r in rows if r["result"]["trainer"] == "trl" and not r.get("disturbed")}
     kit = [r for r in rows if r["result"]["trainer"] == "kit" and not r.get("disturbed")]
     if not trl or not kit:
         return ""
-    base = after_first(trl[-1]["result"]["step_s"])
-    parts = [f"{after_first(k['result']['step_s']) / base:.2f} (run {k['order']})" for k in kit]
-    return f"The kit's median over TRL's (run {trl[-1]['order']}): " + ", ".join(parts) + "."
+    groups: dict[int, list[dict]] = {}
+    for k in kit:
+        groups.setdefault(k.get("versus", min(trl)), []).append(k)
+    out = []
+    for base_order, runs in groups.items():
+        base = after_first(trl[base_order]["result"]["step_s"])
+        parts = [f"{after_first(k['result']['step_s']) / base:.2f} (run {k['order']})" for k in runs]
+        out.append(f"The kit's median over TRL's (run {base_order}): " + ", ".join(parts) + ".")
+    return " ".join(out)
 
 
 def profile_table(rows: list[dict]) -> str:

@@ -28,6 +28,23 @@ def make_batch(B=8, T=16, seed=0, spread=0.3, pad=True, dtype=torch.float64, adv
     return logp, old, adv, mask
 
 
+MACHINE_THREADS = str(min(2, os.cpu_count() or 1))
+"""NSR_THREADS of the real-model tests unless the caller set it: `make test` runs one test at a time, so a SmolLM2 run
+uses the cores a run of the presets reserves (2) instead of NSR_THREADS' default of 1."""
+
+
+@pytest.fixture(scope="module")
+def machine_threads():
+    """NSR_THREADS for a module of real-model tests (the caller's value, else :data:`MACHINE_THREADS`), torch's own
+    thread count set to it; both restored after the module."""
+    saved_env, saved = os.environ.get("NSR_THREADS"), torch.get_num_threads()
+    os.environ["NSR_THREADS"] = saved_env or MACHINE_THREADS
+    torch.set_num_threads(int(os.environ["NSR_THREADS"]))
+    yield int(os.environ["NSR_THREADS"])
+    os.environ.pop("NSR_THREADS", None) if saved_env is None else os.environ.__setitem__("NSR_THREADS", saved_env)
+    torch.set_num_threads(saved)
+
+
 def skip_or_fail(why: str | None) -> None:
     """Nothing when ``why`` is None; else skip the test with ``why``, or fail it under CI=true (CI runs what the
     suite claims: a missing prerequisite there is a failure, not a skip)."""

@@ -143,7 +143,7 @@ def test_the_task_command_refuses_the_spread_naming_where_it_moved(tmp_path, cap
 
 
 @pytest.mark.slow
-def test_the_spread_of_smollm2_on_a_fixed_set(tmp_path, capsys):
+def test_the_spread_of_smollm2_on_a_fixed_set(machine_threads, tmp_path, capsys):
     """``python -m experiments.evaluation.spread PRESET --spread 8 4`` on the SmolLM2 preset (the model's cached
     conversion, transformers' generate, seed 0): the per-prompt pass rates, their summary and the result file with its
     command. The full measurement (100 x 16) is in docs/testbed.md."""

@@ -28,7 +28,7 @@ def profile(tmp_path, *flags):
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def test_profile_actor_times_the_policy_ranks_parts(tmp_path):
+def test_profile_actor_times_the_policy_ranks_parts(machine_threads, tmp_path):
     (row,) = profile(tmp_path)
     assert row["rollout"] == 1 and row["updates"] == 2 and not row["full_logits"] and not row["loop_adam"]
     for key in ("old_logprobs_s", "fit_s", "optimizer_step_s", "backward_s", "forward_mlp_s", "backward_mlp_s"):

