@@ -35,13 +35,14 @@ uses the cores a run of the presets reserves (2) instead of NSR_THREADS' default
 
 @pytest.fixture(scope="module")
 def machine_threads():
-    """NSR_THREADS for a module of real-model tests (the caller's value, else :data:`MACHINE_THREADS`), torch's own
-    thread count set to it; both restored after the module."""
-    saved_env, saved = os.environ.get("NSR_THREADS"), torch.get_num_threads()
-    os.environ["NSR_THREADS"] = saved_env or MACHINE_THREADS
-    torch.set_num_threads(int(os.environ["NSR_THREADS"]))
-    yield int(os.environ["NSR_THREADS"])
-    os.environ.pop("NSR_THREADS", None) if saved_env is None else os.environ.__setitem__("NSR_THREADS", saved_env)
+    """NSR_THREADS for a module of real-model tests (the caller's value, else :data:`MACHINE_THREADS`), applied to
+    torch by the runs' own experiments.threads.set_threads; both restored after the module."""
+    from experiments.threads import set_threads
+
+    saved = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NSR_THREADS", os.environ.get("NSR_THREADS") or MACHINE_THREADS)
+        yield set_threads()
     torch.set_num_threads(saved)
 
 
