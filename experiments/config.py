@@ -290,8 +290,18 @@ class LoggingConfig:
     RUN/tensorboard/); wandb (offline, under RUN/wandb/; needs the optional wandb package). The openrlhf backend
     writes OpenRLHF's own TensorBoard events under RUN/tensorboard/ whatever the value (wandb refused)."""
 
+    record_batches: tuple[int, ...] = ()
+    """RL steps whose rollout batch the run writes to ``RUN/batches/step<N>-rank<R>.pt`` (openrlhf backend only;
+    nsr/openrlhf/record.py): every trained sample's tokens, masks, advantages, rewards and the old log-probs the
+    run's ratios divide by, and the RNG state the step's minibatch shuffle draws from, so the step's updates can be
+    replayed offline (e.g. in another precision). Step 1's batch was sampled from the run's start weights."""
+
     def __post_init__(self):
         check_range("logging", "checkpoint_every", self.checkpoint_every, 0, MAX_STEPS)
+        steps = self.record_batches
+        ok = all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_STEPS for n in steps)
+        allowed = f"distinct RL steps, integers in 1..{MAX_STEPS}"
+        check_field("logging", "record_batches", ok and len(set(steps)) == len(steps), allowed, list(steps))
         check_field("logging", "report_to", self.report_to in REPORT_TO, ", ".join(REPORT_TO), self.report_to)
 
 
@@ -430,6 +440,15 @@ class RunConfig:
         for name, section in (derive(self) if derive else {}).items():
             object.__setattr__(self, name, section)  # frozen: the derived values, set once, before any check
         BACKEND_CHECKS[self.backend](self)  # model / task / batch checks of the backend that runs it
+        rec = list(self.logging.record_batches)
+        if rec and self.backend != "openrlhf":
+            raise ConfigError(
+                f"logging.record_batches={rec} is not valid with backend={self.backend!r}: only the openrlhf backend "
+                "records rollout batches (the trl backend measures precision in process: python -m "
+                "experiments.trl.precision); allowed here: []"
+            )
+        check_field("logging", "record_batches", max(rec, default=0) <= self.train.steps,
+                    f"RL steps of this run, 1..train.steps={self.train.steps}", rec)  # fmt: skip
 
     # ---------------------------------------------------------------- views
     def to_dict(self) -> dict[str, Any]:

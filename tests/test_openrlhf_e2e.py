@@ -215,16 +215,20 @@ def test_a_float32_actor_trains_and_vllm_serves_its_weights_rounded_to_bf16(tmp_
     --nsr.fp32), vLLM in bfloat16. Each rollout's first update sees ratios of 1 (max |r - 1| <= 1e-6, nothing
     clipped: the old log-probs are the float32 actor's own; the shim's test-only ratio log), and after step 2 vLLM
     reloads the step-2 checkpoint's float32 weights rounded to bfloat16, byte for byte (sha256). The policy rank runs
-    at niceness 0 (the shim's RAY_worker_niceness; Ray's default is 15)."""
+    at niceness 0 (the shim's RAY_worker_niceness; Ray's default is 15). ``logging.record_batches=[1]``: the step-1
+    batch is recorded (nsr/openrlhf/record.py), all 16 samples, and its old log-probs are the base model's, recomputed
+    here with transformers in float32 from the recorded tokens."""
     run_dir, log = tmp_path / "fp32", tmp_path / "ratios.jsonl"
     run(
         "openrlhf.bf16=false",
         "train.steps=2",
         "logging.keep_checkpoint=true",
+        "logging.record_batches=[1]",
         "task.eval_benchmarks=[]",
         out=run_dir,
         env={"NSR_OPENRLHF_CPU_RATIO_LOG": str(log)},
     )
+    check_recorded_batch(run_dir)
     assert status(run_dir)["state"] == "done"
     assert [r["step"] for r in rows(run_dir / "metrics.jsonl")] == [1, 2]
     step2 = load_file(run_dir / "ckpt" / "global_step2_hf" / "model.safetensors")
@@ -237,6 +241,32 @@ def test_a_float32_actor_trains_and_vllm_serves_its_weights_rounded_to_bf16(tmp_
     syncs = FP32_SYNC.findall((run_dir / "openrlhf.log").read_text(errors="replace"))
     assert [n for n, _ in syncs] == ["1", "2"], syncs
     assert syncs[1][1] == weights_sha256((k, v.to(torch.bfloat16)) for k, v in step2.items())
+
+
+def check_recorded_batch(run_dir: Path) -> None:
+    """The step-1 batch of a float32 run: every sample of the rollout, and old log-probs equal to the base model's."""
+    from transformers import AutoModelForCausalLM
+
+    from experiments.config import load_config
+    from experiments.models.qwen2 import model_path
+    from nsr.openrlhf.record import read_batch
+
+    assert sorted(p.name for p in (run_dir / "batches").iterdir()) == ["step1-rank0.pt"]
+    batch = read_batch(run_dir / "batches" / "step1-rank0.pt")
+    cfg = load_config(run_dir / "config.yaml")
+    assert (batch["step"], batch["rank"]) == (1, 0)
+    assert len(batch["samples"]) == cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    assert batch["rng_state"].dtype == torch.uint8
+    model = AutoModelForCausalLM.from_pretrained(model_path(cfg), torch_dtype=torch.float32).eval()
+    worst = 0.0
+    for sample in batch["samples"]:
+        seq, mask, old = sample["sequences"], sample["action_mask"].bool(), sample["action_log_probs"]
+        assert seq.dim() == 1 and old.shape == mask.shape == sample["advantages"].shape, sample
+        with torch.no_grad():
+            logits = model(seq[None]).logits[0, -old.numel() - 1 : -1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, seq[-old.numel() :, None])[:, 0]
+        worst = max(worst, float((logp - old)[mask].abs().max()))
+    assert worst < 1e-4, worst  # the actor's batched float32 pass against one sequence at a time
 
 
 def test_weight_sync_is_real_zero3_two_ranks(tmp_path):

@@ -101,6 +101,24 @@ def test_dgg_flags_reach_the_settings_and_bad_ones_are_refused_before_ray():
         launch.prepare(_argv("train.dgg=true", extra=["--nsr.fp32", "true"]))
 
 
+def test_record_batches_reach_the_settings_and_bad_ones_are_refused():
+    """logging.record_batches becomes --nsr.record_steps / --nsr.record_dir (nsr/openrlhf/record.py writes the files);
+    refused on the other backends, beyond train.steps, and as half a flag pair."""
+    settings, _ = launch.prepare(_argv("logging.record_batches=[1, 3]"))
+    assert settings.recorded_steps() == {1, 3} and settings.record_dir == "/tmp/nsr-launch-test/batches"
+    assert launch.prepare(_argv())[0].recorded_steps() == frozenset()
+    with pytest.raises(ConfigError, match=r"record_batches=\[1\] is not valid with backend='tiny'.*allowed here: \[\]"):
+        load_config(ROOT / "sweeps" / "presets" / "tiny.yaml", ["logging.record_batches=[1]"])
+    with pytest.raises(ConfigError, match=r"record_batches=\[9\] is not valid; allowed: RL steps of this run, 1..tra"):
+        load_config(CPU_PRESET, ["logging.record_batches=[9]", "train.steps=8"])
+    with pytest.raises(ConfigError, match=r"record_batches=\[2, 2\] is not valid; allowed: distinct RL steps"):
+        load_config(CPU_PRESET, ["logging.record_batches=[2, 2]"])
+    with pytest.raises(launch.LaunchError, match=r"--nsr.record_steps='1,x' is not valid; allowed: RL steps >= 1"):
+        launch.prepare(_argv(extra=["--nsr.record_steps", "1,x", "--nsr.record_dir", "/tmp/b"]))
+    with pytest.raises(launch.LaunchError, match=r"--nsr.record_dir='': allowed: both set or both empty"):
+        launch.prepare(_argv(extra=["--nsr.record_steps", "2"]))
+
+
 def test_fp32_is_a_cpu_runs_and_refused_elsewhere(tmp_path):
     """openrlhf.bf16=false: --nsr.fp32 on a CPU preset (no --ds.param_dtype: OpenRLHF's has no float32), refused on a
     GPU preset by the config, by the launcher without the CPU shim's switch, and with a --ds.param_dtype beside it."""
@@ -166,7 +184,7 @@ def test_every_config_field_is_a_flag_except_those_openrlhf_sets():
     loss = {f"--nsr.{f.name}" for f in dataclasses.fields(LossConfig) if f.name not in mapping.FROM_OPENRLHF}
     adv = {f"--nsr.adv_{f.name}" for f in dataclasses.fields(AdvantageConfig)}
     own = {"--nsr.metrics_path", "--nsr.max_steps", "--nsr.dgg", "--nsr.dgg_k", "--nsr.dgg_window"}
-    own |= {"--nsr.allow_on_policy", "--nsr.fp32"}
+    own |= {"--nsr.allow_on_policy", "--nsr.fp32", "--nsr.record_steps", "--nsr.record_dir"}
     assert parser_flags == loss | adv | own
 
 

@@ -330,6 +330,11 @@ def nsr_settings(cfg: RunConfig, run_dir: Path) -> NSRSettings:
         **({"dgg": True, "dgg_k": t.dgg_k, "dgg_window": t.dgg_window} if t.dgg else {}),
         **({"allow_on_policy": True} if t.allow_on_policy else {}),
         **({} if cfg.openrlhf.bf16 else {"fp32": True}),
+        **(
+            {"record_steps": ",".join(map(str, rec)), "record_dir": str(run_dir / "batches")}
+            if (rec := cfg.logging.record_batches)
+            else {}
+        ),
     )
 
 

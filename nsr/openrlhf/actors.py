@@ -6,7 +6,8 @@
   ``experience.info`` (logged as ``train/nsr_*``), and tells the loss the RL step before each ``fit``. With
   ``--nsr.dgg`` it also gates the engine's optimizer steps (nsr/openrlhf/gate.py) and adds the RL step's
   ``nsr_dgg_gated`` / ``nsr_lm_head_grad_norm`` to the status ``fit`` returns; the gate's window rides in the
-  checkpoint's client state.
+  checkpoint's client state. With ``--nsr.record_steps`` it writes each listed step's rollout batch before training on
+  it (nsr/openrlhf/record.py).
 * ``NSRPPOTrainer`` (the single controller): wraps ``compute_advantages_and_returns`` with the advantage
   interventions (nsr/openrlhf/interventions.py), appends one metrics.jsonl row per RL step
   (nsr/openrlhf/metrics.py), and at token level one ratio_bins.jsonl row next to it (the premise meter's counts,
@@ -47,6 +48,7 @@ from nsr.openrlhf.interventions import wrap_compute_advantages
 from nsr.openrlhf.loss import NSRPolicyLoss
 from nsr.openrlhf.mapping import level_of
 from nsr.openrlhf.metrics import premise_logs, premise_row_from_logs, row_from_logs
+from nsr.openrlhf.record import write_batch
 
 # The originals, captured at import: install() may run more than once.
 BasePolicyModelActor = ppo_actor.PolicyModelActor.__ray_actor_class__
@@ -102,6 +104,7 @@ class NSRPolicyModelActor(BasePolicyModelActor):
         # RL steps already done (resume): the streams continue where an uninterrupted run would be
         self._nsr_rl_step = int(states.get("global_step", 0))
         self._nsr_trainer = trainer
+        self._nsr_record = (args.nsr.recorded_steps(), args.nsr.record_dir)
         self._nsr_gate = None
         if args.nsr.dgg:
             gate = GradientGate(args.nsr.dgg_k, args.nsr.dgg_window)
@@ -116,6 +119,10 @@ class NSRPolicyModelActor(BasePolicyModelActor):
         loss.start_step(self._nsr_rl_step)
         if self._nsr_gate is not None:
             self._nsr_gate.start_rollout()
+        steps, record_dir = self._nsr_record
+        if self._nsr_rl_step in steps:  # before training: the shuffle's RNG state is still the step's
+            buffer = self._nsr_trainer.replay_buffer
+            write_batch(record_dir, self._nsr_rl_step, loss.rank, buffer.items, buffer.sample_batch_size)
         status = super().fit(kl_ctl)
         if self._nsr_gate is not None:
             status.update(self._nsr_gate.metrics())

@@ -96,8 +96,19 @@ class NSRSettings:
     """The actor in float32 (weights, gradients, Adam, log-probs) in place of ``--ds.param_dtype``, whose choices
     are bf16 and fp16; a CPU run only (nsr/openrlhf/cpu_shim.py loads the model in float32 and casts the weights to
     vLLM's bfloat16 at each sync; openrlhf.bf16=false)."""
+    record_steps: str = ""
+    """RL steps (comma-separated, e.g. ``1,11``) whose rollout batch each policy rank writes to ``record_dir``
+    (nsr/openrlhf/record.py); '' = none."""
+    record_dir: str = ""
+    """Where the recorded batches go (``step<N>-rank<R>.pt``); needed with ``record_steps``."""
 
     def __post_init__(self):
+        self.recorded_steps()  # validate now, driver side
+        if bool(self.record_steps) != bool(self.record_dir):
+            raise ValueError(
+                f"--nsr.record_steps={self.record_steps!r} and --nsr.record_dir={self.record_dir!r}: "
+                "allowed: both set or both empty"
+            )
         unknown = sorted(set(self.loss) - {f.name for f in LOSS_FIELDS})
         if unknown:
             raise ValueError(f"NSRSettings.loss has {unknown}; allowed: {', '.join(f.name for f in LOSS_FIELDS)}")
@@ -132,6 +143,15 @@ class NSRSettings:
         """From a RunConfig's loss and advantages (the fields OpenRLHF's flags set are left out)."""
         kw = {f.name: getattr(loss, f.name) for f in LOSS_FIELDS if getattr(loss, f.name) != f.default}
         return cls(loss=kw, advantages=advantages, **own)
+
+    def recorded_steps(self) -> frozenset[int]:
+        """The RL steps of ``record_steps``; ValueError naming the flag if one is not a positive integer."""
+        parts = [p.strip() for p in self.record_steps.split(",")] if self.record_steps else []
+        if not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise ValueError(
+                f"--nsr.record_steps={self.record_steps!r} is not valid; allowed: RL steps >= 1, comma-separated"
+            )
+        return frozenset(int(p) for p in parts)
 
     # ------------------------------------------------------------ the configs
     @property
