@@ -10,7 +10,8 @@ Per run: its state and, per logged step, the share of drawn prompts dynamic samp
 prompt)), the prompts drawn (8 x ... : prompts per step / kept share), the mean training reward, the clipped token
 fractions below and above the trust region, the generation and whole-step seconds. Then, where the run has
 evaluations, the accuracy per evaluated step and decoding on each benchmark, per problem family (the part of a
-problem id before its last ``-``). Prints Markdown.
+problem id before its last ``-``). Last, the pairs of item (d): 10-step runs of hard and nsr at one seed, their
+held-out accuracy at step 10, the differences and their SD (the planning SD). Prints Markdown.
 """
 
 from __future__ import annotations
@@ -73,6 +74,56 @@ def eval_table(folder: Path) -> str | None:
     return "\n".join(lines)
 
 
+def accuracy(folder: Path, step: int, decoding: str) -> float | None:
+    """Accuracy over every problem x sample of ``decoding`` at evaluated step ``step`` (None: not evaluated)."""
+    path = RunDir(folder).log_path("eval.jsonl")
+    if not path.exists():
+        return None
+    hits = [int(r["correct"]) for r in read_rows(path)[0] if r["step"] == step and r["decoding"] == decoding]
+    return sum(hits) / len(hits) if hits else None
+
+
+def pairs_table(folders: list[Path], steps: int = 10) -> str | None:
+    """Item (d): the pilot's pairs, runs of ``steps`` steps with rules hard and nsr at one seed, and per decoding the
+    held-out accuracy at the last step, the difference nsr - hard and the sample SD (ddof 1) of the differences:
+    the planning SD. None while fewer than 2 pairs exist."""
+    import statistics
+
+    runs: dict[tuple[int, str], Path] = {}
+    for folder in folders:
+        cfg = RunDir(folder).read_config()
+        if int(cfg["train"]["steps"]) == steps and cfg["loss"]["rule"] in ("hard", "nsr"):
+            key = (int(cfg["seed"]), cfg["loss"]["rule"])
+            if key in runs:
+                raise SystemExit(f"two pilot runs of seed {key[0]} rule {key[1]}: {runs[key].name}, {folder.name}")
+            runs[key] = folder
+    seeds = sorted(s for s, rule in runs if rule == "hard" and (s, "nsr") in runs)
+    if len(seeds) < 2:
+        return None
+    lines = [
+        f"| seed | hard run | nsr run | decoding | hard at step {steps} | nsr at step {steps} | nsr - hard |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    diffs: dict[str, list[float]] = defaultdict(list)
+    for dec in ("greedy", "sampled"):
+        for seed in seeds:
+            h, n = accuracy(runs[(seed, "hard")], steps, dec), accuracy(runs[(seed, "nsr")], steps, dec)
+            if h is None or n is None:
+                continue
+            diffs[dec].append(n - h)
+            lines.append(
+                f"| {seed} | {runs[(seed, 'hard')].name} | {runs[(seed, 'nsr')].name} | {dec} | {h:.4f} | {n:.4f} "
+                f"| {n - h:+.4f} |"
+            )
+    lines.append("")
+    for dec, d in diffs.items():
+        if len(d) > 1:
+            lines.append(
+                f"{dec}: {len(d)} pairs, mean nsr - hard {statistics.mean(d):+.4f}, SD {statistics.stdev(d):.4f}"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m devtools.pilot_d", description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="*", type=Path, help="run folders (default: every one under results/pilot_d)")
@@ -90,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         ev = eval_table(folder)
         if ev:
             print("Evaluations (accuracy, problems x samples in brackets):", ev, sep="\n\n", end="\n\n")
+    pairs = pairs_table(folders)
+    if pairs:
+        print("**Pairs (item d)**", pairs, sep="\n\n", end="\n\n")
     return 0
 
 

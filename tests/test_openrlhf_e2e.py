@@ -217,7 +217,8 @@ def test_a_float32_actor_trains_and_vllm_serves_its_weights_rounded_to_bf16(tmp_
     reloads the step-2 checkpoint's float32 weights rounded to bfloat16, byte for byte (sha256). The policy rank runs
     at niceness 0 (the shim's RAY_worker_niceness; Ray's default is 15). ``logging.record_batches=[1]``: the step-1
     batch is recorded (nsr/openrlhf/record.py), all 16 samples, and its old log-probs are the base model's, recomputed
-    here with transformers in float32 from the recorded tokens."""
+    here with transformers in float32 from the recorded tokens; the precision replay (experiments.openrlhf.precision)
+    retraces the step from it as the run trained it."""
     run_dir, log = tmp_path / "fp32", tmp_path / "ratios.jsonl"
     run(
         "openrlhf.bf16=false",
@@ -229,6 +230,7 @@ def test_a_float32_actor_trains_and_vllm_serves_its_weights_rounded_to_bf16(tmp_
         env={"NSR_OPENRLHF_CPU_RATIO_LOG": str(log)},
     )
     check_recorded_batch(run_dir)
+    check_precision_replay(run_dir, [r for r in rows(log) if r["rl_step"] == 1])
     assert status(run_dir)["state"] == "done"
     assert [r["step"] for r in rows(run_dir / "metrics.jsonl")] == [1, 2]
     step2 = load_file(run_dir / "ckpt" / "global_step2_hf" / "model.safetensors")
@@ -267,6 +269,28 @@ def check_recorded_batch(run_dir: Path) -> None:
         logp = torch.log_softmax(logits, -1).gather(-1, seq[-old.numel() :, None])[:, 0]
         worst = max(worst, float((logp - old)[mask].abs().max()))
     assert worst < 1e-4, worst  # the actor's batched float32 pass against one sequence at a time
+
+
+def check_precision_replay(run_dir: Path, logged: list[dict]) -> None:
+    """experiments.openrlhf.precision replays step 1 from the recorded batch as the run trained it: per micro-batch,
+    in order, the same tokens and clipped share and the same largest |r - 1| (float32 rounding), and the premise
+    meter's row equal to the run's own ratio_bins.jsonl row for step 1; the bfloat16 reading covers the same
+    tokens."""
+    from experiments.openrlhf import precision
+
+    out = precision.replay(run_dir)
+    assert (out["run_precision"], out["other_precision"]) == ("fp32", "bf16")
+    mine = out["micro_batches"]
+    assert [(m["tokens"], m["clip_ratio"]) for m in mine] == [(r["tokens"], r["clip_ratio"]) for r in logged]
+    for m, r in zip(mine, logged):
+        assert abs(m["max_ratio_dev"] - r["max_ratio_dev"]) <= 1e-5 + 1e-4 * r["max_ratio_dev"], (m, r)
+    recorded = out["recorded_row"]
+    for key in ("pos_clipped", "neg_clipped", "pos_rescued", "neg_rescued", "tokens", "tokens_adv"):
+        assert out["meter"]["fp32"][key] == recorded[key], key
+    assert out["meter"]["bf16"]["tokens"] == recorded["tokens"]
+    for side, f in out["flips"].items():
+        assert f["clipped_run"] == sum(recorded[f"{side}_clipped"])
+        assert f["flipped"] == f["clipped_run"] + f["clipped_other"] - 2 * f["clipped_both"]
 
 
 def test_weight_sync_is_real_zero3_two_ranks(tmp_path):
