@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 from pathlib import Path
@@ -84,6 +83,22 @@ def action_log_probs(model, sequences, attention_mask, width: int, temperature: 
     return torch.log_softmax(logits, -1).gather(-1, sequences[:, -width:, None])[..., 0]
 
 
+def count_flips(flips: dict, r_run, r_other, adv, mask, cfg) -> None:
+    """Add one micro-batch to ``flips`` ({side: counts}): per side the valid tokens the hard clip drops at the ratios
+    of the run's precision, at the other's, at both, and at one only."""
+    from nsr.premise import SIDES
+    from nsr.theory import clip_sides
+
+    sides = zip(clip_sides(r_run, adv, cfg), clip_sides(r_other, adv, cfg))
+    for side, (c_run, c_other) in zip(SIDES[::-1], sides):  # clip_sides gives (A < 0 side, A > 0 side)
+        c_run, c_other = c_run & mask, c_other & mask
+        f = flips[side]
+        f["clipped_run"] += int(c_run.sum())
+        f["clipped_other"] += int(c_other.sum())
+        f["clipped_both"] += int((c_run & c_other).sum())
+        f["flipped"] += int((c_run ^ c_other).sum())
+
+
 def _load(path: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
@@ -103,7 +118,6 @@ def replay(run_dir: str | Path) -> dict:
     from nsr.openrlhf.loss import NSRPolicyLoss
     from nsr.openrlhf.record import read_batch
     from nsr.premise import SIDES
-    from nsr.theory import clip_sides
 
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.yaml")
@@ -168,23 +182,15 @@ def replay(run_dir: str | Path) -> dict:
             lp_run = action_log_probs(model, mb.sequences, mb.attention_mask, width, temperature)
             out = losses[run_p](lp_run, mb.action_log_probs, adv, action_mask=mb.action_mask, **info)
             (out[0] / gas).backward()
-            dev = (lp_run.detach() - mb.action_log_probs).exp().sub(1).abs()[mask]
+            r_run = torch.exp(lp_run.detach() - mb.action_log_probs)
+            dev = (r_run - 1).abs()[mask]
             micro_rows.append({"micro": len(micro_rows), "max_ratio_dev": float(dev.max()) if dev.numel() else 0.0,
                                "clip_ratio": float(out[1]), "tokens": int(mask.sum())})  # fmt: skip
             lp_other = read_other(mb).requires_grad_(True)
             own = [old_other[index[id(x)]] for x in chunk_]
             old_o = torch.stack([torch.nn.functional.pad(v, (0, width - v.shape[0])) for v in own])
             losses[other_p](lp_other, old_o, adv, action_mask=mb.action_mask, **info)
-            r_run = torch.exp(lp_run.detach() - mb.action_log_probs)
-            r_other = torch.exp(lp_other.detach() - old_o)
-            sides = zip(clip_sides(r_run, adv, losses[run_p].cfg), clip_sides(r_other, adv, losses[run_p].cfg))
-            for side, (c_run, c_other) in zip(SIDES[::-1], sides):  # clip_sides: (A < 0 side, A > 0 side)
-                c_run, c_other = c_run & mask, c_other & mask
-                f = flips[side]
-                f["clipped_run"] += int(c_run.sum())
-                f["clipped_other"] += int(c_other.sum())
-                f["clipped_both"] += int((c_run & c_other).sum())
-                f["flipped"] += int((c_run ^ c_other).sum())
+            count_flips(flips, r_run, torch.exp(lp_other.detach() - old_o), adv, mask, losses[run_p].cfg)
         # the optimizer step: gradients onto the float32 master weights, clipping, AdamW, the weights back
         for m, p in zip(master, model.parameters()):
             m.grad = p.grad.detach().float()
@@ -257,14 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(out), end="")
     if a.json:
         command = "python -m experiments.openrlhf.precision " + shlex.join(argv if argv is not None else sys.argv[1:])
-        a.json.write_text(json.dumps({"command": command, **out}, indent=1, default=_plain) + "\n")
+        a.json.write_text(json.dumps({"command": command, **out}, indent=1) + "\n")
     return 0
-
-
-def _plain(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return str(x)
 
 
 if __name__ == "__main__":
