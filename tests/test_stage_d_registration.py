@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from analysis import make_all, stage_d
+from analysis.load import flatten
 from experiments.config import load_config
 from experiments.config_errors import ConfigError
 from experiments.openrlhf import precision
@@ -43,19 +44,13 @@ def test_the_runs_keep_the_pilot_configuration_but_seed_steps_rule_and_recording
     p4 = yaml.safe_load((PILOT / "p4-nsr-mix4-lr1e-5-s101-10steps" / "config.yaml").read_text())
     p4.pop("meta", None)
 
-    def flat(d, pre=""):
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{pre}{k}.") if isinstance(v, dict) else {f"{pre}{k}": v})
-        return out
-
-    pilot = flat(p4)
+    pilot = flatten(p4)
     runs = expand("regime_d")
     for run in runs:
-        mine = flat(run.config.to_dict())
+        mine = flatten(run.config.to_dict())
         diff = {k for k in set(mine) | set(pilot) if mine.get(k) != pilot.get(k)}
         assert diff <= {"seed", "train.steps", "loss.rule", "logging.record_batches"}, (run.run_id, diff)
-        assert mine["train.steps"] == 30 and mine["logging.record_batches"] == [1]
+        assert mine["train.steps"] == 30 and mine["logging.record_batches"] == (1,)
     hard = next(r for r in runs if r.config.loss.rule == "hard")
     with pytest.raises(ConfigError, match="recorded no step-1 batch"):
         precision.check(hard.config, tmp_path)
